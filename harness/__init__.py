@@ -1,0 +1,1 @@
+"""Policy profiles, their versions, the settings schema, the layered compiler and the tool planner."""

@@ -1,0 +1,1 @@
+"""The control plane: patterns, durable runs, their state machine, the worker and the reaper."""

@@ -1,0 +1,146 @@
+"""The seam between the run engine and whatever carries out a role invocation.
+
+The engine decides *which* invocation comes next (leader, each maker, verifier) and owns the
+run's state; an invoker carries one invocation out and persists every step through the
+:class:`StepJournal` the engine hands it. The journal's writes are fenced by the run's lease, so
+an invoker whose worker lost the lease cannot write (it gets :class:`LeaseLost`).
+
+The agent runtime (``orchestrator.runtime``) implements :class:`RoleInvoker`. Until it is
+configured, :class:`UnavailableInvoker` fails runs with a clear reason: nothing pretends to be
+an agent.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class LeaseLost(Exception):
+    """The worker no longer holds the run's lease: stop at once and write nothing more."""
+
+
+class Role(enum.StrEnum):
+    LEADER = "leader"
+    MAKER = "maker"
+    VERIFIER = "verifier"
+
+
+@dataclass(frozen=True)
+class InvocationRequest:
+    run_id: uuid.UUID
+    role: Role
+    #: Stable name of this invocation within the run, e.g. ``leader``, ``maker:0``, ``verifier``.
+    invocation: str
+    employee_username: str
+    goal: str
+    #: The compiled harness snapshot of this role (immutable for the run).
+    harness: dict[str, Any]
+    #: What earlier invocations produced: ``{"plan": ..., "maker_outputs": [...]}``.
+    context: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    workdir: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A persisted step as the journal returns it (for resume)."""
+
+    seq: int
+    kind: str  # "model" | "tool" | "notice"
+    status: str  # "started" | "completed" | "failed"
+    name: str
+    idempotency_key: str
+    request: dict[str, Any]
+    response: Any
+    error: str
+
+
+class OutcomeKind(enum.StrEnum):
+    COMPLETED = "completed"
+    NEEDS_APPROVAL = "needs_approval"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    ESCALATE = "escalate"
+
+
+@dataclass(frozen=True)
+class InvocationOutcome:
+    kind: OutcomeKind
+    #: For COMPLETED: the invocation's output (a plan, a maker summary, a verdict).
+    output: dict[str, Any] = field(default_factory=dict)
+    #: For FAILED / BLOCKED / ESCALATE: a human-readable reason; ``code`` is machine-readable.
+    reason: str = ""
+    code: str = ""
+
+
+class StepJournal(Protocol):
+    """Durable, fenced persistence for one invocation's steps (provided by the engine)."""
+
+    async def steps(self) -> list[StepRecord]:
+        """Steps of this invocation persisted so far, in order (empty on a fresh start)."""
+        ...
+
+    async def begin(
+        self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
+    ) -> int:
+        """Persist a step as started before its side effect happens; returns its seq."""
+        ...
+
+    async def complete(
+        self,
+        seq: int,
+        *,
+        response: Any,
+        error: str = "",
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+    ) -> None:
+        """Persist the step's result (status completed, or failed when ``error`` is set)."""
+        ...
+
+    async def record(
+        self,
+        *,
+        kind: str,
+        name: str,
+        request: dict[str, Any],
+        response: Any,
+        error: str = "",
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+        duration_ms: int | None = None,
+    ) -> int:
+        """Persist a step that has already finished (a model call, a read) in one write."""
+        ...
+
+    async def event(self, type: str, data: dict[str, Any]) -> None:
+        """Append an event to the run's history (tool warnings, compaction notices, ...)."""
+        ...
+
+    def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
+        """``<run id>:<step seq>:<call index>``: what every side-effecting tool receives."""
+        ...
+
+
+class RoleInvoker(Protocol):
+    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+        """Carry out one invocation. Raise LeaseLost through; never swallow cancellation."""
+        ...
+
+
+class UnavailableInvoker:
+    """The default until an agent runtime is configured: fails the run and says why."""
+
+    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+        return InvocationOutcome(
+            kind=OutcomeKind.FAILED,
+            code="no_agent_runtime",
+            reason=(
+                "No agent runtime is configured (LOOPWRIGHT_INVOKER), so no role can be invoked."
+            ),
+        )

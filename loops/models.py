@@ -1,0 +1,348 @@
+"""Control-plane tables: patterns, runs and everything a run leaves behind.
+
+Invariants live in the database where they can: unique (run, seq) for events and steps, one
+fire per (pattern, scheduled time), check constraints on statuses and counters. Status changes
+go through ``loops.services.transitions`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+
+
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7), so ids sort by creation time."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return uuid.UUID(int=value)
+
+
+class AutonomyLevel(models.TextChoices):
+    L1 = "L1", "L1 supervised"
+    L2 = "L2", "L2"
+    L3 = "L3", "L3 autonomous"
+
+
+class TriggerType(models.TextChoices):
+    MANUAL = "manual"
+    CRON = "cron"
+    EVENT = "event"
+
+
+class MissedFirePolicy(models.TextChoices):
+    COALESCE = "coalesce"
+    SKIP = "skip"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    WAITING_LOCK = "waiting_lock"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    VERIFYING = "verifying"
+    WAITING_HUMAN = "waiting_human"
+    PAUSED = "paused"
+    BLOCKED = "blocked"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class LoopPattern(models.Model):
+    """A repeatable unit of autonomous work; every trigger of it becomes a run."""
+
+    key = models.SlugField(max_length=100, unique=True)
+    title = models.CharField(max_length=200, blank=True, default="")
+    description = models.TextField(blank=True, default="")
+    goal_template = models.TextField()
+    autonomy_level = models.CharField(
+        max_length=2, choices=AutonomyLevel.choices, default=AutonomyLevel.L1
+    )
+    trigger_type = models.CharField(
+        max_length=10, choices=TriggerType.choices, default=TriggerType.MANUAL
+    )
+    cron_expression = models.CharField(max_length=100, blank=True, default="")
+    timezone = models.CharField(max_length=64, default="UTC")
+    missed_fire_policy = models.CharField(
+        max_length=10, choices=MissedFirePolicy.choices, default=MissedFirePolicy.COALESCE
+    )
+    event_key = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    leader_username = models.CharField(max_length=150)
+    maker_usernames = models.JSONField(default=list)
+    verifier_username = models.CharField(max_length=150)
+    leader_harness_tag = models.CharField(max_length=100, default="default")
+    maker_harness_tag = models.CharField(max_length=100, default="default")
+    verifier_harness_tag = models.CharField(max_length=100, default="safe")
+    repository_key = models.CharField(max_length=200, blank=True, default="")
+    repository_root = models.CharField(max_length=500, blank=True, default="")
+    base_ref = models.CharField(max_length=200, blank=True, default="")
+    acting_on = models.JSONField(default=list, blank=True)
+    policy = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    version = models.PositiveIntegerField(default=1)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class LoopRun(models.Model):
+    """One durable execution of a pattern. The row is the unit of work; Celery only nudges.
+
+    Lease fields: ``lease_owner`` names the worker driving the run, ``lease_token`` is the
+    fencing token (incremented at every claim and whenever a human takes the run away), and
+    ``lease_expires_at`` is computed from the database clock. Every write of a worker is
+    conditional on its token.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    pattern = models.ForeignKey(LoopPattern, on_delete=models.PROTECT, related_name="runs")
+    pattern_version = models.PositiveIntegerField(default=1)
+    status = models.CharField(
+        max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True
+    )
+    trigger_type = models.CharField(max_length=10, default=TriggerType.MANUAL)
+    triggered_by = models.CharField(max_length=200, blank=True, default="")
+    trigger_ref = models.CharField(max_length=200, blank=True, default="")
+    inputs = models.JSONField(default=dict, blank=True)
+    goal = models.TextField(blank=True, default="")
+    autonomy_level = models.CharField(max_length=2, default=AutonomyLevel.L1)
+    role_bindings = models.JSONField(default=dict)
+    harness_snapshots = models.JSONField(default=dict, blank=True)
+    policy_snapshot = models.JSONField(default=dict, blank=True)
+    repository_snapshot = models.JSONField(default=dict, blank=True)
+    cursor = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    terminal_reason = models.CharField(max_length=60, blank=True, default="")
+    failure_reason = models.TextField(blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_token = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
+    lock_wait_since = models.DateTimeField(null=True, blank=True)
+    event_seq = models.PositiveIntegerField(default=0)
+    step_count = models.PositiveIntegerField(default=0)
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The claim query scans queued/waiting_lock runs in due order.
+            models.Index(
+                fields=["not_before", "created_at"],
+                name="loops_run_claimable",
+                condition=Q(status__in=["queued", "waiting_lock"]),
+            ),
+            models.Index(fields=["pattern", "status"], name="loops_run_pattern_status"),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="loops_run_leased",
+                condition=Q(lease_owner__isnull=False),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in RunStatus]), name="loops_run_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_owner__isnull=True) | Q(lease_expires_at__isnull=False),
+                name="loops_run_lease_has_expiry",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pattern_id}:{self.id}"
+
+
+class LoopEvent(models.Model):
+    """Append-only history of a run; ``seq`` increases by one per event within a run."""
+
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=60)
+    from_status = models.CharField(max_length=20, blank=True, default="")
+    to_status = models.CharField(max_length=20, blank=True, default="")
+    actor = models.CharField(max_length=200, blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="loops_event_run_seq_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"
+
+
+class StepKind(models.TextChoices):
+    MODEL = "model"
+    TOOL = "tool"
+    NOTICE = "notice"
+
+
+class StepStatus(models.TextChoices):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class LoopStep(models.Model):
+    """One persisted unit of an invocation: a model step or a tool call.
+
+    A tool step with ``status=started`` and no result is a call that may have run: on resume it
+    is re-issued with the same ``idempotency_key``. A completed step is never re-executed.
+    """
+
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=20)
+    invocation = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=StepKind.choices)
+    status = models.CharField(max_length=10, choices=StepStatus.choices)
+    name = models.CharField(max_length=200, blank=True, default="")
+    idempotency_key = models.CharField(max_length=200, blank=True, default="")
+    request = models.JSONField(default=dict, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    lease_token = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="loops_step_run_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind}:{self.name}"
+
+
+class LoopArtifact(models.Model):
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="artifacts")
+    kind = models.CharField(max_length=40)
+    name = models.CharField(max_length=200)
+    content_type = models.CharField(max_length=100, default="text/plain")
+    content = models.TextField(blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.name}"
+
+
+class PathLock(models.Model):
+    """A run's hold on a path of a repository (``actingOn``); overlapping paths conflict."""
+
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="path_locks")
+    repository_key = models.CharField(max_length=200)
+    path = models.CharField(max_length=500)
+    acquired_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository_key", "path"], name="loops_pathlock_repo_path_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.repository_key}:{self.path} ({self.run_id})"
+
+
+class UsageBucket(models.Model):
+    """Atomic counters per scope (a run, or a pattern and day) and metric."""
+
+    scope = models.CharField(max_length=120)
+    metric = models.CharField(max_length=40)
+    value = models.DecimalField(max_digits=18, decimal_places=6, default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "metric"], name="loops_usage_scope_metric")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.metric}={self.value}"
+
+
+class CircuitState(models.Model):
+    """Breaker state per key (a pattern, or a model endpoint), shared by every process."""
+
+    key = models.CharField(max_length=200, unique=True)
+    state = models.CharField(max_length=10, default="closed")
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    cooldown_seconds = models.PositiveIntegerField(default=60)
+    probe_owner = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}:{self.state}"
+
+
+class ControlSetting(models.Model):
+    """Operator-adjustable switches (for example a global pause of new claims)."""
+
+    key = models.CharField(max_length=100, unique=True)
+    value = models.JSONField(default=dict)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+__all__ = [
+    "AutonomyLevel",
+    "CircuitState",
+    "ControlSetting",
+    "LoopArtifact",
+    "LoopEvent",
+    "LoopPattern",
+    "LoopRun",
+    "LoopStep",
+    "PathLock",
+    "RunStatus",
+    "StepKind",
+    "StepStatus",
+    "TriggerType",
+    "UsageBucket",
+    "uuid7",
+]

@@ -1,0 +1,38 @@
+"""The Celery app and every periodic schedule.
+
+A Celery message is a wake-up call, never the work item: workers claim runs from the database,
+so a lost message only delays a run and a duplicated one does nothing (see docs/worker.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
+
+app = Celery("loopwright")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_serializer="json",
+    accept_content=["json"],
+    task_ignore_result=True,
+    task_acks_late=False,  # nudges are cheap and idempotent; the DB lease is what matters
+    worker_prefetch_multiplier=4,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_default_queue="loops",
+    task_routes={"loops.*": {"queue": "loops"}, "skillhub.*": {"queue": "skills"}},
+    beat_schedule={
+        "loops.reap": {
+            "task": "loops.reap",
+            "schedule": float(os.environ.get("LOOPWRIGHT_REAPER_INTERVAL_SECONDS", "5")),
+            "options": {"expires": 30},
+        },
+    },
+)
+if app.conf.broker_url and str(app.conf.broker_url).startswith("filesystem://"):
+    # The filesystem transport has no fan-out exchange, so remote control cannot work on it.
+    app.conf.worker_enable_remote_control = False
+app.autodiscover_tasks()

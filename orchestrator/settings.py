@@ -1,0 +1,224 @@
+"""Loopwright settings: read only from environment variables, with working defaults.
+
+The embedded default needs no servers: SQLite under ``var/``, a filesystem Celery broker and
+an in-memory channel layer. Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BROKER_URL``
+and ``REDIS_URL`` (Redis). Every variable is listed in the README.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+import django_stubs_ext
+
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("LOOPWRIGHT_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else generated once into var/ (never committed)."""
+    key = os.environ.get("SECRET_KEY")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+PUBLIC_URL = os.environ.get("LOOPWRIGHT_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "orchestrator.accounts",
+    "harness",
+    "loops",
+    "skillhub",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "orchestrator.middleware.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "orchestrator.urls"
+WSGI_APPLICATION = "orchestrator.wsgi.application"
+ASGI_APPLICATION = "orchestrator.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'loopwright.sqlite3'}"
+_db: dict[str, Any] = dict(dj_database_url.parse(DATABASE_URL))
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers run beside the single writer; IMMEDIATE makes a write transaction take
+    # the write lock up front, so concurrent writers queue on busy_timeout instead of failing
+    # with "database is locked" when a read lock would have to be upgraded.
+    _db["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": (
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;"
+            " PRAGMA foreign_keys=ON;"
+        ),
+    }
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+else:
+    _db["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
+    _db["CONN_HEALTH_CHECKS"] = True
+    _db.setdefault("OPTIONS", {})
+    # Fail fast instead of hanging when the database is unreachable (D8: reconnect, not hang).
+    _db["OPTIONS"].setdefault("connect_timeout", 5)
+DATABASES = {"default": _db}
+DB_VENDOR = "sqlite" if _db["ENGINE"].endswith("sqlite3") else "postgresql"
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+MEDIA_ROOT = VAR_DIR / "media"
+LOGIN_URL = "/admin/login/"
+
+# --- Redis, Celery, channel layer -------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    BROKER_DIR.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+        "data_folder_in": str(BROKER_DIR),
+        "data_folder_out": str(BROKER_DIR),
+        "polling_interval": 0.05,
+    }
+else:
+    # A visibility timeout well above our longest task (tasks are short nudges, see docs/).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+
+# --- Loopwright engine ------------------------------------------------------------------------
+LOOPWRIGHT = {
+    "LEASE_SECONDS": env_float("LOOPWRIGHT_LEASE_SECONDS", 60.0),
+    "HEARTBEAT_SECONDS": env_float("LOOPWRIGHT_HEARTBEAT_SECONDS", 15.0),
+    "REAPER_INTERVAL_SECONDS": env_float("LOOPWRIGHT_REAPER_INTERVAL_SECONDS", 5.0),
+    "POLL_INTERVAL_SECONDS": env_float("LOOPWRIGHT_POLL_INTERVAL_SECONDS", 2.0),
+    "MAX_ATTEMPTS": env_int("LOOPWRIGHT_MAX_ATTEMPTS", 5),
+    "DRIVER_CAPACITY": env_int("LOOPWRIGHT_DRIVER_CAPACITY", 200),
+    "DRIVER_DB_THREADS": env_int("LOOPWRIGHT_DRIVER_DB_THREADS", 4),
+    "DRAIN_SECONDS": env_float("LOOPWRIGHT_DRAIN_SECONDS", 30.0),
+    "LOCK_RETRY_SECONDS": env_float("LOOPWRIGHT_LOCK_RETRY_SECONDS", 2.0),
+    "INVOKER": os.environ.get("LOOPWRIGHT_INVOKER", "loops.invokers.UnavailableInvoker"),
+}
+
+# --- REST framework ---------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "orchestrator.accounts.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["orchestrator.accounts.permissions.IsViewer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "orchestrator.errors.problem_exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Loopwright API",
+    "DESCRIPTION": (
+        "Control plane for durable, policy-governed, multi-role AI agent loops. "
+        "Errors are application/problem+json (RFC 9457). Authenticate with "
+        "`Authorization: Bearer <token>` (see `manage.py create_api_token`) or a session."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

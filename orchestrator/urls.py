@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from orchestrator.health import healthz
+
+handler400 = "orchestrator.errors.handler400"
+handler403 = "orchestrator.errors.handler403"
+handler404 = "orchestrator.errors.handler404"
+handler500 = "orchestrator.errors.handler500"
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("api/v1/", include("loops.urls")),
+    path("api/v1/", include("harness.urls")),
+    path("", include("frontend.urls")),
+]

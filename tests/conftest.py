@@ -1,0 +1,50 @@
+"""Shared fixtures: personas with roles, and API clients authenticated as them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from rest_framework.test import APIClient
+
+from orchestrator.accounts.roles import Role
+from orchestrator.accounts.services import api_token_create, user_ensure
+
+PERSONAS: dict[str, tuple[Role, ...]] = {
+    "admin": (Role.ADMIN,),
+    "operator": (Role.OPERATOR,),
+    "approver": (Role.APPROVER,),
+    "viewer": (Role.VIEWER,),
+    "outsider": (),
+}
+
+
+@pytest.fixture
+def api_client_for(db: None) -> Callable[[str], APIClient]:
+    """``api_client_for("operator")``: a client with a bearer token of that persona."""
+
+    def make(persona: str) -> APIClient:
+        client = APIClient()
+        if persona == "anonymous":
+            return client
+        user = user_ensure(username=persona, roles=PERSONAS[persona])
+        token = api_token_create(user=user, name="test")
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def operator_client(api_client_for: Callable[[str], APIClient]) -> APIClient:
+    return api_client_for("operator")
+
+
+@pytest.fixture
+def viewer_client(api_client_for: Callable[[str], APIClient]) -> APIClient:
+    return api_client_for("viewer")
+
+
+@pytest.fixture
+def admin_client_api(api_client_for: Callable[[str], APIClient]) -> APIClient:
+    return api_client_for("admin")
