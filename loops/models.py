@@ -212,6 +212,10 @@ class StepStatus(models.TextChoices):
     STARTED = "started"
     COMPLETED = "completed"
     FAILED = "failed"
+    #: A tool call that policy gates: it waits for an approval decision and has not run.
+    GATED = "gated"
+    #: A gated call a human approved (``request`` then holds the approved arguments).
+    APPROVED = "approved"
 
 
 class LoopStep(models.Model):

@@ -153,7 +153,7 @@ class Migration(migrations.Migration):
                 ('role', models.CharField(max_length=20)),
                 ('invocation', models.CharField(max_length=100)),
                 ('kind', models.CharField(choices=[('model', 'Model'), ('tool', 'Tool'), ('notice', 'Notice')], max_length=10)),
-                ('status', models.CharField(choices=[('started', 'Started'), ('completed', 'Completed'), ('failed', 'Failed')], max_length=10)),
+                ('status', models.CharField(choices=[('started', 'Started'), ('completed', 'Completed'), ('failed', 'Failed'), ('gated', 'Gated'), ('approved', 'Approved')], max_length=10)),
                 ('name', models.CharField(blank=True, default='', max_length=200)),
                 ('idempotency_key', models.CharField(blank=True, default='', max_length=200)),
                 ('request', models.JSONField(blank=True, default=dict)),

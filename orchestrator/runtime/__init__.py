@@ -1,0 +1,1 @@
+"""The agent runtime: model client, tool loop and tools. Plain Python, little Django."""
