@@ -50,7 +50,7 @@ class StepRecord:
 
     seq: int
     kind: str  # "model" | "tool" | "notice"
-    status: str  # "started" | "completed" | "failed"
+    status: str  # "started" | "completed" | "failed" | "gated" | "approved"
     name: str
     idempotency_key: str
     request: dict[str, Any]
@@ -116,6 +116,17 @@ class StepJournal(Protocol):
         duration_ms: int | None = None,
     ) -> int:
         """Persist a step that has already finished (a model call, a read) in one write."""
+        ...
+
+    async def gate(
+        self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
+    ) -> int:
+        """Persist a tool call that policy gates (status ``gated``); it must not run yet.
+
+        The invoker then returns ``NEEDS_APPROVAL``; the engine parks the run. When a human
+        decides, the step becomes ``approved`` (``request`` holds the approved arguments) or
+        ``completed`` with the rejection as its response, and the invocation is resumed.
+        """
         ...
 
     async def event(self, type: str, data: dict[str, Any]) -> None:
