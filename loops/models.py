@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -90,6 +89,8 @@ class LoopPattern(models.Model):
     base_ref = models.CharField(max_length=200, blank=True, default="")
     acting_on = models.JSONField(default=list, blank=True)
     policy = models.JSONField(default=dict, blank=True)
+    #: Copied from ``policy.concurrency`` on save, so the claim query can read it cheaply.
+    max_concurrency = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     version = models.PositiveIntegerField(default=1)
     created_by = models.CharField(max_length=150, blank=True, default="")
@@ -155,7 +156,7 @@ class LoopRun(models.Model):
         indexes = [
             # The claim query scans queued/waiting_lock runs in due order.
             models.Index(
-                fields=["not_before", "created_at"],
+                fields=["id"],
                 name="loops_run_claimable",
                 condition=Q(status__in=["queued", "waiting_lock"]),
             ),

@@ -28,7 +28,16 @@ _NON_TERMINAL = frozenset(S) - TERMINAL
 TRANSITIONS: dict[S, frozenset[S]] = {
     S.QUEUED: frozenset({S.PREPARING, S.PAUSED, S.CANCELED, S.FAILED}),
     S.PREPARING: frozenset(
-        {S.WAITING_LOCK, S.RUNNING, S.QUEUED, S.PAUSED, S.BLOCKED, S.FAILED, S.CANCELED}
+        {
+            S.WAITING_LOCK,
+            S.RUNNING,
+            S.VERIFYING,
+            S.QUEUED,
+            S.PAUSED,
+            S.BLOCKED,
+            S.FAILED,
+            S.CANCELED,
+        }
     ),
     S.WAITING_LOCK: frozenset({S.PREPARING, S.QUEUED, S.PAUSED, S.FAILED, S.CANCELED}),
     S.RUNNING: frozenset(
@@ -89,7 +98,9 @@ HUMAN_ACTIONS: dict[str, HumanAction] = {
     "pause": HumanAction(
         "pause",
         S.PAUSED,
-        frozenset({S.QUEUED, S.PREPARING, S.WAITING_LOCK, S.RUNNING, S.WAITING_APPROVAL, S.VERIFYING}),
+        frozenset(
+            {S.QUEUED, S.PREPARING, S.WAITING_LOCK, S.RUNNING, S.WAITING_APPROVAL, S.VERIFYING}
+        ),
         "run.paused",
     ),
     "resume": HumanAction("resume", S.QUEUED, frozenset({S.PAUSED, S.BLOCKED}), "run.resumed"),
@@ -102,8 +113,8 @@ HUMAN_ACTIONS: dict[str, HumanAction] = {
     ),
     "accept": HumanAction("accept", S.SUCCEEDED, frozenset({S.WAITING_HUMAN}), "run.accepted"),
 }
-#: ``retry`` starts a new run from a finished or stuck one; the original stays as it was.
-RETRYABLE: frozenset[S] = frozenset({S.FAILED, S.CANCELED, S.BLOCKED, S.WAITING_HUMAN})
+#: ``retry`` starts a new run from a failed or canceled one; the original stays as it was.
+RETRYABLE: frozenset[S] = frozenset({S.FAILED, S.CANCELED})
 
 
 def allowed_actions(status: str) -> list[str]:

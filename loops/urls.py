@@ -1,5 +1,11 @@
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from loops.api import PatternViewSet, RunViewSet
+
+router = SimpleRouter(trailing_slash=False)
+router.register("patterns", PatternViewSet, basename="pattern")
+router.register("runs", RunViewSet, basename="run")
+
+urlpatterns = router.urls

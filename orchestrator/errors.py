@@ -24,7 +24,7 @@ PROBLEM_BASE = "/problems/"
 class DomainError(Exception):
     """A refusal the client can act on. Subclasses set status, type and title."""
 
-    status_code = status.HTTP_400_BAD_REQUEST
+    status_code: int = status.HTTP_400_BAD_REQUEST
     problem_type = "bad-request"
     title = "Bad request"
 
@@ -153,7 +153,9 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     return response
 
 
-def _json_problem(request: HttpRequest, status_code: int, ptype: str, title: str, detail: str) -> JsonResponse:
+def _json_problem(
+    request: HttpRequest, status_code: int, ptype: str, title: str, detail: str
+) -> JsonResponse:
     body = problem(status_code, ptype, title, detail, request)
     return JsonResponse(body, status=status_code, content_type=PROBLEM_CONTENT_TYPE)
 
@@ -163,7 +165,9 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Json
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
-    logger.error("unhandled error on %s (request id %s)", request.path, getattr(request, "request_id", "-"))
+    logger.error(
+        "unhandled error on %s (request id %s)", request.path, getattr(request, "request_id", "-")
+    )
     return _json_problem(
         request, 500, "internal-error", "Internal error", "The server failed; see its logs."
     )

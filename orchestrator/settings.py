@@ -169,7 +169,7 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 
 # --- Loopwright engine ------------------------------------------------------------------------
-LOOPWRIGHT = {
+LOOPWRIGHT: dict[str, Any] = {
     "LEASE_SECONDS": env_float("LOOPWRIGHT_LEASE_SECONDS", 60.0),
     "HEARTBEAT_SECONDS": env_float("LOOPWRIGHT_HEARTBEAT_SECONDS", 15.0),
     "REAPER_INTERVAL_SECONDS": env_float("LOOPWRIGHT_REAPER_INTERVAL_SECONDS", 5.0),

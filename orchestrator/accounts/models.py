@@ -8,7 +8,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 
-TOKEN_PREFIX = "lw"
+TOKEN_PREFIX = "lw"  # noqa: S105 - a public marker, not a secret
 
 
 def hash_secret(secret: str) -> str:

@@ -6,7 +6,7 @@ import hmac
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, Group
+from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -15,18 +15,18 @@ from orchestrator.accounts.roles import Role
 
 
 @transaction.atomic
-def user_ensure(*, username: str, roles: list[Role] | tuple[Role, ...] = ()) -> AbstractBaseUser:
+def user_ensure(*, username: str, roles: list[Role] | tuple[Role, ...] = ()) -> User:
     """Create the user if needed and add the given roles (groups)."""
     user_model = get_user_model()
     user, _ = user_model.objects.get_or_create(username=username)
     for role in roles:
         group, _ = Group.objects.get_or_create(name=role.value)
-        user.groups.add(group)  # type: ignore[attr-defined]
+        user.groups.add(group)
     return user
 
 
 def api_token_create(
-    *, user: AbstractBaseUser, name: str = "cli", expires_at: datetime | None = None
+    *, user: User, name: str = "cli", expires_at: datetime | None = None
 ) -> str:
     """Create a token for the user and return it; only its hash is stored."""
     token, prefix, secret_hash = generate_token()

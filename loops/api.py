@@ -1,0 +1,177 @@
+"""REST endpoints for patterns and runs: thin views over the services."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import django_filters
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from loops import state
+from loops.models import LoopPattern, LoopRun, RunStatus
+from loops.serializers import (
+    ActionSerializer,
+    EventSerializer,
+    PatternSerializer,
+    PatternUpdateSerializer,
+    RunDetailSerializer,
+    RunSerializer,
+    StepSerializer,
+    TriggerSerializer,
+)
+from loops.services.patterns import pattern_create, pattern_update
+from loops.services.runs import run_act, run_retry, run_trigger
+from orchestrator.accounts.permissions import IsOperator, ReadOrOperator
+from orchestrator.errors import Conflict
+
+
+def _actor(request: Request) -> str:
+    return str(getattr(request.user, "username", "") or "anonymous")
+
+
+class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
+    """Loop patterns, addressed by their ``key``."""
+
+    queryset = LoopPattern.objects.all()
+    serializer_class = PatternSerializer
+    permission_classes = [ReadOrOperator]
+    lookup_field = "key"
+    filterset_fields = ["trigger_type", "enabled", "autonomy_level"]
+
+    def get_serializer_class(self) -> type[PatternSerializer]:
+        if self.action in ("update", "partial_update"):
+            return PatternUpdateSerializer
+        return PatternSerializer
+
+    def perform_create(self, serializer: PatternSerializer) -> None:  # type: ignore[override]
+        data = dict(serializer.validated_data)
+        serializer.instance = pattern_create(actor=_actor(self.request), **data)
+
+    def perform_update(self, serializer: PatternSerializer) -> None:  # type: ignore[override]
+        assert serializer.instance is not None
+        serializer.instance = pattern_update(
+            pattern=serializer.instance, **dict(serializer.validated_data)
+        )
+
+    def perform_destroy(self, instance: LoopPattern) -> None:
+        if instance.runs.exists():
+            raise Conflict(
+                f"Pattern {instance.key!r} has runs and cannot be deleted; disable it instead."
+            )
+        instance.delete()
+
+    @extend_schema(request=TriggerSerializer, responses={201: RunSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def trigger(self, request: Request, key: str | None = None) -> Response:
+        """Start a run of this pattern now, with optional ``inputs`` for the goal template."""
+        pattern = self.get_object()
+        body = TriggerSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = run_trigger(
+            pattern=pattern, actor=_actor(request), inputs=body.validated_data["inputs"]
+        )
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+class RunFilter(django_filters.FilterSet):
+    pattern = django_filters.CharFilter(field_name="pattern__key")
+    status = django_filters.MultipleChoiceFilter(choices=RunStatus.choices)
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = LoopRun
+        fields = ["pattern", "status", "trigger_type", "created_after", "created_before"]
+
+
+def _action_view(name: str) -> Any:
+    @extend_schema(
+        request=ActionSerializer,
+        responses={200: RunSerializer},
+        description=(
+            f"Human action `{name}`. 409 (problem+json with `current_status` and "
+            "`allowed_actions`) when the run's state does not allow it."
+        ),
+    )
+    @action(detail=True, methods=["post"], url_path=name, permission_classes=[IsOperator])
+    def view(self: RunViewSet, request: Request, pk: str | None = None) -> Response:
+        run = self.get_object()
+        body = ActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        updated = run_act(
+            run_id=run.id, action=name, actor=_actor(request), reason=body.validated_data["reason"]
+        )
+        return Response(RunSerializer(updated).data)
+
+    view.__name__ = name
+    return view
+
+
+class RunViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[LoopRun]
+):
+    """Runs (read-only), their events and steps, and the human actions on them."""
+
+    queryset = LoopRun.objects.select_related("pattern").all()
+    permission_classes = [ReadOrOperator]
+    filterset_class = RunFilter
+
+    def get_serializer_class(self) -> type[RunSerializer]:
+        return RunDetailSerializer if self.action == "retrieve" else RunSerializer
+
+    def get_object(self) -> LoopRun:
+        try:
+            uuid.UUID(str(self.kwargs.get("pk")))
+        except ValueError as exc:
+            raise ValidationError({"id": ["Not a valid run id (a UUID)."]}) from exc
+        return super().get_object()
+
+    @extend_schema(
+        parameters=[OpenApiParameter("after_seq", int, description="Only events after this seq.")],
+        responses={200: EventSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """The run's event history in order (``after_seq`` to page or to follow live)."""
+        run = self.get_object()
+        events: QuerySet[Any] = run.events.order_by("seq")
+        after = request.query_params.get("after_seq")
+        if after is not None:
+            if not after.isdigit():
+                raise ValidationError({"after_seq": ["Must be a non-negative integer."]})
+            events = events.filter(seq__gt=int(after))
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(EventSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: StepSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def steps(self, request: Request, pk: str | None = None) -> Response:
+        """The run's persisted model and tool steps in order."""
+        run = self.get_object()
+        steps: QuerySet[Any] = run.steps.order_by("seq")
+        page = self.paginate_queryset(steps)
+        return self.get_paginated_response(StepSerializer(page, many=True).data)
+
+    @extend_schema(request=None, responses={201: RunSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Start a new run with the same inputs (only for failed or canceled runs)."""
+        run = self.get_object()
+        new_run = run_retry(run_id=run.id, actor=_actor(request))
+        return Response(RunSerializer(new_run).data, status=status.HTTP_201_CREATED)
+
+    pause = _action_view("pause")
+    resume = _action_view("resume")
+    cancel = _action_view("cancel")
+    escalate = _action_view("escalate")
+    accept = _action_view("accept")
+
+
+assert set(state.HUMAN_ACTIONS) == {"pause", "resume", "cancel", "escalate", "accept"}

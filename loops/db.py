@@ -1,0 +1,66 @@
+"""Small vendor-specific SQL pieces for the hot paths (claims, leases, fenced writes).
+
+All lease arithmetic uses the database clock, never a worker's: a worker whose clock drifts
+cannot extend or steal a lease (RELIABILITY.md D5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def now_sql() -> str:
+    """The database's current time, in the storage format Django uses for the vendor."""
+    if is_postgres():
+        # Wall-clock time of the statement, not of the transaction's start.
+        return "clock_timestamp()"
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def now_plus_sql() -> str:
+    """Database time plus a number of seconds given as one parameter (see ``seconds_param``)."""
+    if is_postgres():
+        return "(clock_timestamp() + make_interval(secs => %s))"
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+
+def seconds_param(seconds: float) -> Any:
+    return float(seconds) if is_postgres() else f"{float(seconds):+.3f} seconds"
+
+
+def placeholders(values: Sequence[Any]) -> str:
+    """``%s, %s, ...`` for an IN list (SQLite has no array parameters)."""
+    return ", ".join(["%s"] * len(values))
+
+
+def skip_locked() -> str:
+    """Row locking for claim queries; SQLite serialises writers (IMMEDIATE) instead."""
+    return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+
+
+def for_update() -> str:
+    return " FOR UPDATE" if is_postgres() else ""
+
+
+def uuid_param(value: Any) -> Any:
+    """UUIDs are native on PostgreSQL and stored as 32-char hex text on SQLite."""
+    return value if is_postgres() else value.hex
+
+
+def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def execute(sql: str, params: Sequence[Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount

@@ -1,0 +1,102 @@
+"""The pattern policy: a strict schema for the ``policy`` JSON of a loop pattern.
+
+Keys are camelCase as in the source specification. Unknown keys are refused, so a typo never
+silently turns a limit off.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.errors import InvalidInput
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Strict):
+    """Upper bounds; an absent value means no bound at this level."""
+
+    invocations: int | None = Field(default=None, ge=0)
+    toolCalls: int | None = Field(default=None, ge=0)
+    delegations: int | None = Field(default=None, ge=0)
+    verifications: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0)
+    cost: float | None = Field(default=None, ge=0)
+
+
+class Budgets(_Strict):
+    perRun: Budget = Budget()
+    daily: Budget = Budget()
+
+
+class CircuitBreakerPolicy(_Strict):
+    failureThreshold: int = Field(default=5, ge=1, le=1000)
+    cooldownSeconds: int = Field(default=300, ge=1, le=86_400)
+
+
+class PathPolicy(_Strict):
+    maxFiles: int | None = Field(default=None, ge=1)
+    deny: list[str] = []
+
+
+class ApprovalPolicy(_Strict):
+    autoAllowlist: list[str] = []
+    approvers: list[str] = []
+    timeoutSeconds: int | None = Field(default=None, ge=1)
+    onTimeout: Literal["reject", "escalate"] = "reject"
+
+
+class ToolLoopPolicy(_Strict):
+    warnAt: int = Field(default=5, ge=1)
+    blockAt: int = Field(default=8, ge=1)
+    escalateAt: int = Field(default=12, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ToolLoopPolicy:
+        if not self.warnAt <= self.blockAt <= self.escalateAt:
+            raise ValueError("toolLoop thresholds must satisfy warnAt <= blockAt <= escalateAt")
+        return self
+
+
+class PatternPolicy(_Strict):
+    concurrency: int | None = Field(default=None, ge=1, le=10_000)
+    maxAttempts: int = Field(default=5, ge=1, le=50)
+    lockWaitTimeoutSeconds: int = Field(default=3600, ge=1)
+    budgets: Budgets = Budgets()
+    circuitBreaker: CircuitBreakerPolicy = CircuitBreakerPolicy()
+    paths: PathPolicy = PathPolicy()
+    approvals: ApprovalPolicy = ApprovalPolicy()
+    toolLoop: ToolLoopPolicy = ToolLoopPolicy()
+    requiredChecks: list[str] = []
+    #: The pattern's layer of the harness compilation (same schema as a profile's settings).
+    harness: dict[str, Any] = {}
+
+
+def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict[str, str]]:
+    """Every problem of a pydantic error, as [{pointer, detail, code}]."""
+    out = []
+    for err in exc.errors():
+        path = "/".join(str(p) for p in err["loc"])
+        out.append(
+            {
+                "pointer": f"{prefix}/{path}" if path else prefix or "/",
+                "detail": err["msg"],
+                "code": err["type"],
+            }
+        )
+    return out
+
+
+def parse_policy(data: Any) -> PatternPolicy:
+    """Validate a pattern policy; raises InvalidInput listing every problem with its pointer."""
+    try:
+        return PatternPolicy.model_validate(data or {})
+    except ValidationError as exc:
+        errors = pydantic_errors(exc, "/policy")
+        raise InvalidInput(
+            f"The pattern policy is invalid: {errors[0]['detail']}", errors=errors
+        ) from exc

@@ -1,0 +1,114 @@
+"""Input and output shapes of the loops API (validation of rules lives in the services)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from loops import state
+from loops.models import (
+    AutonomyLevel,
+    LoopEvent,
+    LoopPattern,
+    LoopRun,
+    LoopStep,
+    MissedFirePolicy,
+    TriggerType,
+)
+
+
+class PatternSerializer(serializers.ModelSerializer[LoopPattern]):
+    maker_usernames = serializers.ListField(
+        child=serializers.CharField(max_length=150), allow_empty=True, required=False
+    )
+    acting_on = serializers.ListField(
+        child=serializers.CharField(max_length=500), allow_empty=True, required=False
+    )
+    policy = serializers.JSONField(
+        required=False, help_text="Pattern policy (see docs/patterns.md)."
+    )
+    autonomy_level = serializers.ChoiceField(choices=AutonomyLevel.choices, required=False)
+    trigger_type = serializers.ChoiceField(choices=TriggerType.choices, required=False)
+    missed_fire_policy = serializers.ChoiceField(choices=MissedFirePolicy.choices, required=False)
+
+    class Meta:
+        model = LoopPattern
+        fields = [
+            "key", "title", "description", "goal_template", "autonomy_level", "trigger_type",
+            "cron_expression", "timezone", "missed_fire_policy", "event_key", "leader_username",
+            "maker_usernames", "verifier_username", "leader_harness_tag", "maker_harness_tag",
+            "verifier_harness_tag", "repository_key", "repository_root", "base_ref", "acting_on",
+            "policy", "enabled", "version", "created_by", "created_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = ["version", "created_by", "created_at", "updated_at"]
+
+    def validate_policy(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("policy must be a JSON object.")
+        return value
+
+
+class PatternUpdateSerializer(PatternSerializer):
+    class Meta(PatternSerializer.Meta):
+        read_only_fields = ["key", "version", "created_by", "created_at", "updated_at"]
+
+
+class TriggerSerializer(serializers.Serializer[Any]):
+    inputs = serializers.DictField(
+        required=False, default=dict, help_text="Values for the goal template."
+    )
+
+
+class ActionSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class RunSerializer(serializers.ModelSerializer[LoopRun]):
+    pattern: serializers.SlugRelatedField[LoopPattern] = serializers.SlugRelatedField(
+        slug_field="key", read_only=True
+    )
+    allowed_actions = serializers.SerializerMethodField()
+
+    class Meta:
+        model = LoopRun
+        fields = [
+            "id", "pattern", "pattern_version", "status", "trigger_type", "triggered_by",
+            "trigger_ref", "inputs", "goal", "autonomy_level", "role_bindings", "cursor",
+            "result", "terminal_reason", "failure_reason", "attempts", "max_attempts",
+            "lease_owner", "lease_expires_at", "heartbeat_at", "step_count", "retry_of",
+            "created_at", "started_at", "finished_at", "updated_at", "allowed_actions",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_allowed_actions(self, obj: LoopRun) -> list[str]:
+        return state.allowed_actions(obj.status)
+
+
+class RunDetailSerializer(RunSerializer):
+    class Meta(RunSerializer.Meta):
+        fields = [
+            *RunSerializer.Meta.fields,
+            "harness_snapshots",
+            "policy_snapshot",
+            "repository_snapshot",
+        ]
+        read_only_fields = fields
+
+
+class EventSerializer(serializers.ModelSerializer[LoopEvent]):
+    class Meta:
+        model = LoopEvent
+        fields = ["seq", "type", "from_status", "to_status", "actor", "data", "created_at"]
+        read_only_fields = fields
+
+
+class StepSerializer(serializers.ModelSerializer[LoopStep]):
+    class Meta:
+        model = LoopStep
+        fields = [
+            "seq", "role", "invocation", "kind", "status", "name", "idempotency_key", "request",
+            "response", "error", "tokens_in", "tokens_out", "cost", "started_at", "finished_at",
+            "duration_ms",
+        ]  # fmt: skip
+        read_only_fields = fields

@@ -1,0 +1,225 @@
+"""Claiming runs with a lease and a fencing token; heartbeats; the reaper.
+
+One transaction claims a batch: it picks claimable runs (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL; SQLite serialises writers), skips patterns at their concurrency limit (re-counted
+under the pattern's row lock, so two claimers cannot both take the last slot), then sets owner,
+expiry (database clock) and a new token, and appends one event per claimed run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from loops import db, state
+from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus
+from loops.services.transitions import Lease, run_transition
+
+_CLAIMABLE = [s.value for s in state.CLAIMABLE]
+_IN_FLIGHT = [s.value for s in state.IN_FLIGHT]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    lease: Lease
+    from_status: str
+    attempts: int
+
+
+def _candidates(limit: int, run_id: uuid.UUID | None) -> list[tuple[Any, str, int, int | None]]:
+    in_flight = db.placeholders(_IN_FLIGHT)
+    where_id = "AND r.id = %s " if run_id is not None else ""
+    sql = (
+        "SELECT r.id, r.status, r.pattern_id, p.max_concurrency "
+        "FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id "
+        f"WHERE r.status IN ({db.placeholders(_CLAIMABLE)}) "
+        f"AND (r.not_before IS NULL OR r.not_before <= {db.now_sql()}) "
+        f"AND (r.lease_expires_at IS NULL OR r.lease_expires_at < {db.now_sql()}) "
+        f"{where_id}"
+        "AND (p.max_concurrency IS NULL OR (SELECT count(*) FROM loops_looprun r2 "
+        f"WHERE r2.pattern_id = r.pattern_id AND r2.status IN ({in_flight})) < p.max_concurrency) "
+        "ORDER BY r.id LIMIT %s"
+    )
+    if db.is_postgres():
+        sql += " FOR UPDATE OF r SKIP LOCKED"
+    params: list[Any] = [*_CLAIMABLE, *_IN_FLIGHT]
+    if run_id is not None:
+        params.insert(len(_CLAIMABLE), db.uuid_param(run_id))
+    params.append(limit)
+    return [(row[0], row[1], row[2], row[3]) for row in db.fetch_all(sql, params)]
+
+
+def _within_concurrency(rows: list[tuple[Any, str, int, int | None]]) -> list[tuple[Any, str]]:
+    """Keep candidates whose pattern still has room, counted under the pattern row lock."""
+    by_pattern: dict[int, list[tuple[Any, str]]] = defaultdict(list)
+    limits: dict[int, int | None] = {}
+    for run_id, status, pattern_id, limit in rows:
+        by_pattern[pattern_id].append((run_id, status))
+        limits[pattern_id] = limit
+    accepted: list[tuple[Any, str]] = []
+    for pattern_id, runs in by_pattern.items():
+        limit = limits[pattern_id]
+        if limit is None:
+            accepted.extend(runs)
+            continue
+        list(LoopPattern.objects.select_for_update().filter(pk=pattern_id).values_list("pk"))
+        busy = LoopRun.objects.filter(pattern_id=pattern_id, status__in=_IN_FLIGHT).count()
+        accepted.extend(runs[: max(0, limit - busy)])
+    return accepted
+
+
+def _take(owner: str, lease_seconds: float, ids: list[Any]) -> list[tuple[Any, int, int, int]]:
+    now = db.now_sql()
+    sql = (
+        "UPDATE loops_looprun SET status = %s, lease_owner = %s, lease_token = lease_token + 1, "
+        f"lease_expires_at = {db.now_plus_sql()}, heartbeat_at = {now}, "
+        f"attempts = attempts + 1, started_at = COALESCE(started_at, {now}), "
+        f"event_seq = event_seq + 1, updated_at = {now}, lock_wait_since = NULL "
+        f"WHERE id IN ({db.placeholders(ids)}) "
+        "RETURNING id, lease_token, event_seq, attempts"
+    )
+    params = [RunStatus.PREPARING.value, owner, db.seconds_param(lease_seconds), *ids]
+    return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in db.fetch_all(sql, params)]
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+@transaction.atomic
+def run_claim(
+    *, owner: str, lease_seconds: float, limit: int = 1, run_id: uuid.UUID | None = None
+) -> list[Claimed]:
+    """Claim up to ``limit`` runnable runs (or exactly ``run_id`` if it is runnable)."""
+    accepted = _within_concurrency(_candidates(limit, run_id))
+    if not accepted:
+        return []
+    from_status = {str(_as_uuid(rid)): status for rid, status in accepted}
+    taken = _take(owner, lease_seconds, [rid for rid, _ in accepted])
+    events, claims = [], []
+    for rid, token, seq, attempts in taken:
+        run_uuid = _as_uuid(rid)
+        previous = from_status[str(run_uuid)]
+        events.append(
+            LoopEvent(
+                run_id=run_uuid,
+                seq=seq,
+                type="lease.claimed",
+                from_status=previous,
+                to_status=RunStatus.PREPARING.value,
+                actor=owner,
+                data={"token": token, "attempt": attempts},
+            )
+        )
+        claims.append(Claimed(Lease(run_uuid, owner, token), previous, attempts))
+    LoopEvent.objects.bulk_create(events)
+    return claims
+
+
+def run_heartbeat(*, owner: str, run_ids: list[uuid.UUID], lease_seconds: float) -> set[uuid.UUID]:
+    """Extend the leases this owner still holds; returns the ids it still holds."""
+    if not run_ids:
+        return set()
+    sql = (
+        f"UPDATE loops_looprun SET lease_expires_at = {db.now_plus_sql()}, "
+        f"heartbeat_at = {db.now_sql()} "
+        f"WHERE lease_owner = %s AND id IN ({db.placeholders(run_ids)}) RETURNING id"
+    )
+    params = [db.seconds_param(lease_seconds), owner, *[db.uuid_param(r) for r in run_ids]]
+    with transaction.atomic():
+        return {_as_uuid(row[0]) for row in db.fetch_all(sql, params)}
+
+
+@dataclass
+class ReapReport:
+    requeued: list[uuid.UUID]
+    failed: list[uuid.UUID]
+    locks_freed: int = 0
+
+
+def _expired_leases(limit: int) -> list[uuid.UUID]:
+    sql = (
+        "SELECT id FROM loops_looprun WHERE lease_owner IS NOT NULL "
+        f"AND lease_expires_at < {db.now_sql()} ORDER BY lease_expires_at LIMIT %s"
+        + db.skip_locked()
+    )
+    return [_as_uuid(row[0]) for row in db.fetch_all(sql, [limit])]
+
+
+def _reap_one(run_id: uuid.UUID, report: ReapReport) -> None:
+    with transaction.atomic():
+        expired = _expired_leases_for(run_id)
+        if expired is None:
+            return
+        attempts, max_attempts, status = expired
+        if attempts >= max_attempts:
+            run_transition(
+                run_id=run_id,
+                to=RunStatus.FAILED,
+                actor="reaper",
+                event_type="lease.expired",
+                data={"attempts": attempts},
+                fields={
+                    "terminal_reason": "lease_attempts_exhausted",
+                    "failure_reason": (
+                        f"The worker driving the run stopped {attempts} times in a row "
+                        f"(limit {max_attempts}); last state was '{status}'."
+                    ),
+                },
+            )
+            report.failed.append(run_id)
+        else:
+            run_transition(
+                run_id=run_id,
+                to=RunStatus.QUEUED,
+                actor="reaper",
+                event_type="lease.expired",
+                data={"attempts": attempts, "state": status},
+            )
+            report.requeued.append(run_id)
+
+
+def _expired_leases_for(run_id: uuid.UUID) -> tuple[int, int, str] | None:
+    sql = (
+        "SELECT attempts, max_attempts, status FROM loops_looprun WHERE id = %s "
+        f"AND lease_owner IS NOT NULL AND lease_expires_at < {db.now_sql()}" + db.skip_locked()
+    )
+    rows = db.fetch_all(sql, [db.uuid_param(run_id)])
+    return (int(rows[0][0]), int(rows[0][1]), str(rows[0][2])) if rows else None
+
+
+def runs_reap(*, limit: int = 500) -> ReapReport:
+    """Re-queue runs whose lease expired (their worker died), or fail them past the limit."""
+    from loops.services.locks import path_locks_sweep
+
+    report = ReapReport(requeued=[], failed=[])
+    with transaction.atomic():
+        candidates = _expired_leases(limit)
+    for run_id in candidates:
+        _reap_one(run_id, report)
+    report.locks_freed = path_locks_sweep()
+    _renudge_stale_queued()
+    return report
+
+
+def _renudge_stale_queued(older_than_seconds: float = 10.0, limit: int = 200) -> None:
+    """Queued runs that nobody picked up (their nudge was lost) get a new nudge."""
+    from loops.services.nudges import nudge_run
+
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    due = LoopRun.objects.filter(
+        Q(not_before__isnull=True) | Q(not_before__lte=cutoff),
+        status__in=_CLAIMABLE,
+        updated_at__lte=cutoff,
+        lease_owner__isnull=True,
+    ).values_list("id", flat=True)[:limit]
+    with transaction.atomic():
+        for run_id in due:
+            nudge_run(run_id)

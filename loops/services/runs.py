@@ -1,0 +1,187 @@
+"""Starting runs and the human actions on them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import transaction
+
+from loops import state
+from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus, TriggerType
+from loops.policy import PatternPolicy, parse_policy
+from loops.services.nudges import nudge_run
+from loops.services.transitions import Lease, LeaseLost, run_transition
+from loops.templates import render_goal
+from orchestrator.errors import Conflict
+
+
+def role_bindings_of(pattern: LoopPattern) -> dict[str, Any]:
+    return {
+        "leader": pattern.leader_username,
+        "makers": list(pattern.maker_usernames or []),
+        "verifier": pattern.verifier_username,
+    }
+
+
+def role_harness_snapshots(
+    pattern: LoopPattern, policy: PatternPolicy, overrides: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Compile each role's harness now; the run keeps these snapshots for its whole life."""
+    from harness.services import harness_snapshot
+
+    def compile_for(tag: str, employee: str) -> dict[str, Any]:
+        return harness_snapshot(
+            tag=tag,
+            pattern_layer=policy.harness or None,
+            employee_username=employee,
+            employee_layer=None,
+            run_overrides=overrides or None,
+        )
+
+    return {
+        "leader": compile_for(pattern.leader_harness_tag, pattern.leader_username),
+        "makers": {
+            maker: compile_for(pattern.maker_harness_tag, maker)
+            for maker in (pattern.maker_usernames or [])
+        },
+        "verifier": compile_for(pattern.verifier_harness_tag, pattern.verifier_username),
+    }
+
+
+def repository_snapshot_of(pattern: LoopPattern) -> dict[str, Any]:
+    return {
+        "repositoryKey": pattern.repository_key,
+        "repositoryRoot": pattern.repository_root,
+        "baseRef": pattern.base_ref,
+        "actingOn": list(pattern.acting_on or []),
+    }
+
+
+@transaction.atomic
+def run_trigger(
+    *,
+    pattern: LoopPattern,
+    actor: str,
+    inputs: dict[str, Any] | None = None,
+    trigger_type: str = TriggerType.MANUAL,
+    trigger_ref: str = "",
+    event: dict[str, Any] | None = None,
+    harness_overrides: dict[str, Any] | None = None,
+    retry_of: LoopRun | None = None,
+) -> LoopRun:
+    """Create a queued run with its snapshots and first event, then nudge a worker."""
+    if not pattern.enabled:
+        raise Conflict(f"Pattern {pattern.key!r} is disabled; enable it to start runs.")
+    inputs = dict(inputs or {})
+    policy = parse_policy(pattern.policy)
+    goal = render_goal(
+        pattern.goal_template,
+        {
+            "inputs": inputs,
+            "event": event or {},
+            "pattern": {"key": pattern.key, "title": pattern.title},
+        },
+    )
+    run = LoopRun.objects.create(
+        pattern=pattern,
+        pattern_version=pattern.version,
+        status=RunStatus.QUEUED,
+        trigger_type=trigger_type,
+        triggered_by=actor,
+        trigger_ref=trigger_ref,
+        inputs=inputs,
+        goal=goal,
+        autonomy_level=pattern.autonomy_level,
+        role_bindings=role_bindings_of(pattern),
+        harness_snapshots=role_harness_snapshots(pattern, policy, harness_overrides),
+        policy_snapshot=policy.model_dump(mode="json"),
+        repository_snapshot=repository_snapshot_of(pattern),
+        max_attempts=policy.maxAttempts,
+        event_seq=1,
+        retry_of=retry_of,
+    )
+    LoopEvent.objects.create(
+        run=run,
+        seq=1,
+        type="run.created",
+        to_status=RunStatus.QUEUED,
+        actor=actor,
+        data={"trigger": trigger_type, "ref": trigger_ref, "pattern_version": pattern.version},
+    )
+    nudge_run(run.id)
+    return run
+
+
+def _action_fields(action: str, actor: str, reason: str) -> dict[str, Any]:
+    suffix = f": {reason}" if reason else ""
+    if action == "cancel":
+        return {"terminal_reason": "canceled", "failure_reason": f"Canceled by {actor}{suffix}"}
+    if action == "accept":
+        return {"terminal_reason": "accepted"}
+    if action == "resume":
+        return {"failure_reason": ""}
+    return {}
+
+
+def run_act(*, run_id: uuid.UUID, action: str, actor: str, reason: str = "") -> LoopRun:
+    """Apply a human action (pause, resume, cancel, escalate, accept). 409 when not allowed."""
+    spec = state.HUMAN_ACTIONS[action]
+    try:
+        run_transition(
+            run_id=run_id,
+            to=spec.target,
+            actor=actor,
+            event_type=spec.event_type,
+            expected_from=spec.allowed_from,
+            data={"reason": reason} if reason else {},
+            fields=_action_fields(action, actor, reason),
+        )
+    except state.TransitionRefused as exc:
+        raise Conflict(
+            f"Cannot {action} a run that is '{exc.current}'.",
+            current_status=exc.current,
+            allowed_actions=state.allowed_actions(exc.current),
+        ) from exc
+    return LoopRun.objects.get(pk=run_id)
+
+
+@transaction.atomic
+def run_retry(*, run_id: uuid.UUID, actor: str) -> LoopRun:
+    """Start a new run of the same pattern with the same inputs; the original stays as it is."""
+    original = LoopRun.objects.select_related("pattern").get(pk=run_id)
+    if original.status not in {s.value for s in state.RETRYABLE}:
+        raise Conflict(
+            f"Cannot retry a run that is '{original.status}'; only failed or canceled runs.",
+            current_status=original.status,
+            allowed_actions=state.allowed_actions(original.status),
+        )
+    return run_trigger(
+        pattern=original.pattern,
+        actor=actor,
+        inputs=original.inputs,
+        trigger_type="retry",
+        trigger_ref=str(original.id),
+        retry_of=original,
+    )
+
+
+def runs_release_owner(*, owner: str) -> int:
+    """A stopping worker gives back its leases: each run goes back to ``queued``."""
+    held = list(
+        LoopRun.objects.filter(lease_owner=owner).values_list("id", "lease_token", "status")
+    )
+    released = 0
+    for run_id, token, _status in held:
+        try:
+            run_transition(
+                run_id=run_id,
+                to=RunStatus.QUEUED,
+                actor=owner,
+                lease=Lease(run_id, owner, token),
+                event_type="lease.released",
+            )
+            released += 1
+        except (LeaseLost, state.TransitionRefused):  # lost meanwhile: nothing to release
+            continue
+    return released

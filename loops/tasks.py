@@ -1,0 +1,59 @@
+"""Thin Celery tasks. Names are explicit and never renamed; arguments are JSON.
+
+``loops.drive_run`` is a nudge: it hands the run id to this process's run driver and returns
+at once. The driver claims the run in the database; if another worker already holds it, the
+nudge is a no-op (RELIABILITY.md D6).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutting_down
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="loops.drive_run", ignore_result=True, time_limit=30, acks_late=False)
+def drive_run(run_id: str) -> None:
+    from loops.worker.driver import get_driver
+
+    try:
+        parsed = uuid.UUID(run_id)
+    except ValueError:
+        logger.warning("ignoring nudge with a malformed run id %r", run_id)
+        return
+    get_driver().submit(parsed)
+
+
+@shared_task(name="loops.reap", ignore_result=True, time_limit=120, expires=30)
+def reap() -> None:
+    from loops.services.claims import runs_reap
+
+    report = runs_reap()
+    if report.requeued or report.failed or report.locks_freed:
+        logger.info(
+            "reaper: %d re-queued, %d failed, %d locks freed",
+            len(report.requeued),
+            len(report.failed),
+            report.locks_freed,
+        )
+
+
+@worker_ready.connect
+def _start_driver(sender: Any = None, **kwargs: Any) -> None:
+    """Start polling for due runs as soon as the worker is up, not at the first nudge."""
+    from loops.worker.driver import get_driver
+
+    get_driver()
+
+
+@worker_shutting_down.connect
+def _drain_driver(sender: Any = None, **kwargs: Any) -> None:
+    """SIGTERM: stop claiming, let runs finish for the drain period, release the rest."""
+    from loops.worker.driver import stop_driver
+
+    stop_driver()

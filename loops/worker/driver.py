@@ -1,0 +1,271 @@
+"""The run driver: one asyncio loop per worker process that holds many runs at once.
+
+A run spends nearly all its life waiting on a model or a tool, so a run is a coroutine, not an
+OS process: one driver holds up to ``capacity`` runs. Database work runs on a small thread pool
+(each thread keeps its own Django connection), so the event loop never blocks on SQL and the
+number of database connections stays bounded whatever the number of runs.
+
+Work arrives three ways, all idempotent: a Celery nudge naming a run, a poll of the database
+for due runs, and a wake-up after one of our own runs finished. Whichever way, the claim in the
+database decides; a duplicate nudge finds the run already leased and does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
+from django.utils.module_loading import import_string
+
+from loops.invokers import LeaseLost, RoleInvoker
+from loops.services.claims import Claimed, run_claim, run_heartbeat
+from loops.services.transitions import Lease
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _owner_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def load_invoker() -> RoleInvoker:
+    """The configured invoker (``LOOPWRIGHT_INVOKER``): a class path, built without arguments."""
+    factory = import_string(settings.LOOPWRIGHT["INVOKER"])
+    built: RoleInvoker = factory.build() if hasattr(factory, "build") else factory()
+    return built
+
+
+class RunDriver:
+    """Drives claimed runs concurrently; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        invoker: RoleInvoker | None = None,
+        capacity: int | None = None,
+        owner: str | None = None,
+    ) -> None:
+        conf = settings.LOOPWRIGHT
+        self.owner = owner or _owner_name()
+        self.capacity = capacity or int(conf["DRIVER_CAPACITY"])
+        self.lease_seconds = float(conf["LEASE_SECONDS"])
+        self.heartbeat_seconds = float(conf["HEARTBEAT_SECONDS"])
+        self.poll_seconds = float(conf["POLL_INTERVAL_SECONDS"])
+        self.invoker = invoker or load_invoker()
+        self.db_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=int(conf["DRIVER_DB_THREADS"]), thread_name_prefix="lw-db"
+        )
+        self.loop = asyncio.new_event_loop()
+        self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._claiming: set[asyncio.Future[int]] = set()
+        self.accepting = True
+        self._wake: asyncio.Event | None = None
+        self._stopped: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle (called from other threads) ---------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run_loop, name="lw-driver", daemon=True)
+        self._thread.start()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    def submit(self, run_id: uuid.UUID) -> None:
+        """A nudge: try to claim this run now (thread-safe, returns at once)."""
+        self.loop.call_soon_threadsafe(self._on_nudge, run_id)
+
+    def stop(self, drain_seconds: float | None = None) -> None:
+        """Stop claiming, let runs finish for up to ``drain_seconds``, release the rest."""
+        if self._thread is None:
+            return
+        drain = (
+            float(settings.LOOPWRIGHT["DRAIN_SECONDS"]) if drain_seconds is None else drain_seconds
+        )
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(drain), self.loop)
+        future.result(timeout=drain + 30)
+        self._thread.join(timeout=10)
+        self.db_pool.shutdown(wait=True)
+
+    # --- database access off the event loop ------------------------------------------------
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        call = functools.partial(_db_call, fn, *args, **kwargs)
+        return await self.loop.run_in_executor(self.db_pool, call)
+
+    # --- main loop --------------------------------------------------------------------------
+    async def _main(self) -> None:
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        background = [
+            asyncio.create_task(self._poll_forever(), name="lw-poll"),
+            asyncio.create_task(self._heartbeat_forever(), name="lw-heartbeat"),
+        ]
+        await self._stopped.wait()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+
+    def _free(self) -> int:
+        return self.capacity - len(self.tasks)
+
+    def _on_nudge(self, run_id: uuid.UUID) -> None:
+        if not self.accepting or run_id in self.tasks:
+            return
+        if self._free() > 0:
+            claim = asyncio.ensure_future(self._claim_and_start(run_id=run_id, limit=1))
+            self._claiming.add(claim)  # keep a reference until it is done
+            claim.add_done_callback(self._claiming.discard)
+        elif self._wake is not None:
+            self._wake.set()
+
+    async def _claim_and_start(self, *, run_id: uuid.UUID | None, limit: int) -> int:
+        try:
+            claims = await self.db(
+                run_claim,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                limit=limit,
+                run_id=run_id,
+            )
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("claim failed, database unavailable: %s", type(exc).__name__)
+            return 0
+        for claim in claims:
+            self._start(claim)
+        return len(claims)
+
+    def _start(self, claim: Claimed) -> None:
+        run_id = claim.lease.run_id
+        if run_id in self.tasks or not self.accepting:
+            return  # cannot happen with a fresh token, but never drive a run twice
+        task = asyncio.create_task(self._drive(claim), name=f"run-{run_id}")
+        self.tasks[run_id] = task
+
+    async def _drive(self, claim: Claimed) -> None:
+        from loops.worker.engine import drive_run
+
+        run_id = claim.lease.run_id
+        try:
+            await drive_run(self, claim)
+        except LeaseLost:
+            logger.info("run %s: lease lost, another worker or a human took it", run_id)
+        except asyncio.CancelledError:
+            logger.info("run %s: driving cancelled", run_id)
+        except (OperationalError, InterfaceError) as exc:
+            # The lease will expire and the reaper re-queues the run: nothing is lost.
+            logger.warning(
+                "run %s: database unavailable (%s); leaving it to the reaper",
+                run_id,
+                type(exc).__name__,
+            )
+        except Exception:
+            logger.exception("run %s: driver error", run_id)
+        finally:
+            self.tasks.pop(run_id, None)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _poll_forever(self) -> None:
+        assert self._wake is not None
+        while True:
+            if self.accepting and self._free() > 0:
+                await self._claim_and_start(run_id=None, limit=min(self._free(), 50))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+            self._wake.clear()
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            await self.heartbeat_once()
+
+    async def heartbeat_once(self) -> None:
+        held_ids = list(self.tasks)
+        if not held_ids:
+            return
+        try:
+            still = await self.db(
+                run_heartbeat, owner=self.owner, run_ids=held_ids, lease_seconds=self.lease_seconds
+            )
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("heartbeat failed, database unavailable: %s", type(exc).__name__)
+            return
+        for run_id in set(held_ids) - still:
+            task = self.tasks.get(run_id)
+            if task is not None:
+                # Cancelled, paused or taken over: stop the model call and the tools at once.
+                logger.info("run %s: lease gone at heartbeat, cancelling its work", run_id)
+                task.cancel()
+
+    async def _shutdown(self, drain_seconds: float) -> None:
+        self.accepting = False
+        pending = list(self.tasks.values())
+        if pending:
+            logger.info("draining %d run(s) for up to %.0f s", len(pending), drain_seconds)
+            _, still = await asyncio.wait(pending, timeout=drain_seconds)
+            leases = [t for t in still]
+            for task in leases:
+                task.cancel()
+            await asyncio.gather(*leases, return_exceptions=True)
+        await self._release_all()
+        assert self._stopped is not None
+        self._stopped.set()
+
+    async def _release_all(self) -> None:
+        """Give back every lease this owner still holds (runs go back to ``queued``)."""
+        from loops.services.runs import runs_release_owner
+
+        try:
+            released = await self.db(runs_release_owner, owner=self.owner)
+        except (OperationalError, InterfaceError):
+            logger.warning("could not release leases at shutdown; they will expire")
+            return
+        if released:
+            logger.info("released %d lease(s) at shutdown", released)
+
+
+def _db_call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except (OperationalError, InterfaceError):
+        # A broken connection (database restart): drop it so the next call reconnects.
+        connection.close()
+        raise
+
+
+_driver: RunDriver | None = None
+_driver_lock = threading.Lock()
+
+
+def get_driver() -> RunDriver:
+    """The process-wide driver, started on first use."""
+    global _driver
+    with _driver_lock:
+        if _driver is None:
+            _driver = RunDriver()
+            _driver.start()
+        return _driver
+
+
+def stop_driver(drain_seconds: float | None = None) -> None:
+    global _driver
+    with _driver_lock:
+        driver, _driver = _driver, None
+    if driver is not None:
+        driver.stop(drain_seconds)
+
+
+__all__ = ["Lease", "RunDriver", "get_driver", "load_invoker", "stop_driver"]

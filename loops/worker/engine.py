@@ -1,0 +1,415 @@
+"""What a worker does with a claimed run: prepare, then leader → makers → verifier.
+
+The run's ``cursor`` records which invocation comes next and what earlier ones produced; it is
+written (fenced) after each invocation completes, so a reclaimed run continues where it
+stopped, and within an invocation the journal's persisted steps carry it further.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import InterfaceError, OperationalError
+from django.utils import timezone
+
+from loops.invokers import (
+    InvocationOutcome,
+    InvocationRequest,
+    LeaseLost,
+    OutcomeKind,
+    Role,
+    StepRecord,
+)
+from loops.models import LoopRun, RunStatus, StepStatus
+from loops.services import steps as step_services
+from loops.services.claims import Claimed
+from loops.services.locks import path_locks_acquire
+from loops.services.transitions import Lease, run_transition, run_update_fenced
+
+if TYPE_CHECKING:
+    from loops.worker.driver import RunDriver
+
+logger = logging.getLogger(__name__)
+
+
+class RetryLater(Exception):
+    """A temporary failure (model endpoints down): park the run and try again later."""
+
+    def __init__(self, reason: str, delay_seconds: float = 30.0) -> None:
+        super().__init__(reason)
+        self.delay_seconds = delay_seconds
+
+
+@dataclass
+class RunState:
+    """What the engine needs from the run row, loaded once per claim."""
+
+    id: uuid.UUID
+    status: str
+    goal: str
+    inputs: dict[str, Any]
+    autonomy_level: str
+    role_bindings: dict[str, Any]
+    harness_snapshots: dict[str, Any]
+    policy: dict[str, Any]
+    repository: dict[str, Any]
+    cursor: dict[str, Any] = field(default_factory=dict)
+    lock_wait_since: Any = None
+
+
+def load_run_state(run_id: uuid.UUID) -> RunState:
+    run = LoopRun.objects.get(pk=run_id)
+    return RunState(
+        id=run.id,
+        status=run.status,
+        goal=run.goal,
+        inputs=run.inputs,
+        autonomy_level=run.autonomy_level,
+        role_bindings=run.role_bindings,
+        harness_snapshots=run.harness_snapshots,
+        policy=run.policy_snapshot,
+        repository=run.repository_snapshot,
+        cursor=dict(run.cursor or {}),
+        lock_wait_since=run.lock_wait_since,
+    )
+
+
+class DbJournal:
+    """The engine's :class:`~loops.invokers.StepJournal`: every write fenced by the lease."""
+
+    def __init__(self, driver: RunDriver, lease: Lease, role: Role, invocation: str) -> None:
+        self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
+
+    async def steps(self) -> list[StepRecord]:
+        return await self.driver.db(
+            step_services.steps_of_invocation, self.lease.run_id, self.invocation
+        )
+
+    async def begin(
+        self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
+    ) -> int:
+        return await self.driver.db(
+            step_services.step_begin,
+            self.lease,
+            role=self.role.value,
+            invocation=self.invocation,
+            kind=kind,
+            name=name,
+            request=request,
+            idempotency_key=idempotency_key,
+        )
+
+    async def gate(
+        self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
+    ) -> int:
+        return await self.driver.db(
+            step_services.step_begin,
+            self.lease,
+            role=self.role.value,
+            invocation=self.invocation,
+            kind="tool",
+            name=name,
+            request={**request, "gate_reason": reason},
+            idempotency_key=idempotency_key,
+            status=StepStatus.GATED,
+        )
+
+    async def complete(
+        self,
+        seq: int,
+        *,
+        response: Any,
+        error: str = "",
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+    ) -> None:
+        await self.driver.db(
+            step_services.step_complete,
+            self.lease,
+            seq,
+            response=response,
+            error=error,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+        )
+
+    async def record(
+        self,
+        *,
+        kind: str,
+        name: str,
+        request: dict[str, Any],
+        response: Any,
+        error: str = "",
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+        duration_ms: int | None = None,
+    ) -> int:
+        return await self.driver.db(
+            step_services.step_record,
+            self.lease,
+            role=self.role.value,
+            invocation=self.invocation,
+            kind=kind,
+            name=name,
+            request=request,
+            response=response,
+            error=error,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+            duration_ms=duration_ms,
+        )
+
+    async def event(self, type: str, data: dict[str, Any]) -> None:
+        await self.driver.db(step_services.step_event, self.lease, type=type, data=data)
+
+    def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
+        return f"{self.lease.run_id}:{step_seq}:{call_index}"
+
+
+# --- preparation -----------------------------------------------------------------------------
+
+
+def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
+    """Take the path locks and move to running/verifying, or park in waiting_lock.
+
+    Returns the status the run is in afterwards.
+    """
+    repo_key = run.repository.get("repositoryKey") or ""
+    paths = list(run.repository.get("actingOn") or [])
+    if repo_key and paths:
+        conflicts = path_locks_acquire(run_id=run.id, repository_key=repo_key, paths=paths)
+        if conflicts:
+            return _park_for_lock(lease, run, conflicts, lock_retry_seconds)
+    target = RunStatus.VERIFYING if run.cursor.get("phase") == "verifier" else RunStatus.RUNNING
+    run_transition(
+        run_id=run.id, to=target, actor=lease.owner, lease=lease, event_type="run.started"
+    )
+    return target.value
+
+
+def _park_for_lock(
+    lease: Lease, run: RunState, conflicts: list[dict[str, str]], retry_seconds: float
+) -> str:
+    now = timezone.now()
+    since = run.lock_wait_since or now
+    limit = int(run.policy.get("lockWaitTimeoutSeconds", 3600))
+    if (now - since).total_seconds() > limit:
+        run_transition(
+            run_id=run.id,
+            to=RunStatus.FAILED,
+            actor=lease.owner,
+            lease=lease,
+            event_type="lock.timeout",
+            data={"conflicts": conflicts},
+            fields={
+                "terminal_reason": "lock_wait_timeout",
+                "failure_reason": f"Waited more than {limit} s for path locks held by other runs.",
+            },
+        )
+        return RunStatus.FAILED.value
+    run_transition(
+        run_id=run.id,
+        to=RunStatus.WAITING_LOCK,
+        actor=lease.owner,
+        lease=lease,
+        event_type="lock.waiting",
+        data={"conflicts": conflicts},
+        fields={"not_before": now + timedelta(seconds=retry_seconds), "lock_wait_since": since},
+    )
+    return RunStatus.WAITING_LOCK.value
+
+
+# --- invocations -------------------------------------------------------------------------------
+
+
+def _next_invocation(run: RunState) -> tuple[Role, str, str] | None:
+    """(role, invocation name, employee) of what comes next, or None when all is done."""
+    phase = run.cursor.get("phase", "leader")
+    bindings = run.role_bindings
+    if phase == "leader":
+        return Role.LEADER, "leader", bindings["leader"]
+    if phase == "makers":
+        index = int(run.cursor.get("maker_index", 0))
+        makers = list(bindings.get("makers") or [])
+        if index < len(makers):
+            return Role.MAKER, f"maker:{index}", makers[index]
+        return Role.VERIFIER, "verifier", bindings["verifier"]
+    if phase == "verifier":
+        return Role.VERIFIER, "verifier", bindings["verifier"]
+    return None
+
+
+def _harness_for(run: RunState, role: Role, employee: str) -> dict[str, Any]:
+    snaps = run.harness_snapshots or {}
+    if role == Role.MAKER:
+        return dict((snaps.get("makers") or {}).get(employee) or {})
+    return dict(snaps.get(role.value) or {})
+
+
+def _advance_cursor(run: RunState, role: Role, output: dict[str, Any]) -> dict[str, Any]:
+    cursor = dict(run.cursor)
+    if role == Role.LEADER:
+        cursor.update(phase="makers", maker_index=0, plan=output)
+    elif role == Role.MAKER:
+        cursor["maker_outputs"] = [*cursor.get("maker_outputs", []), output]
+        cursor["maker_index"] = int(cursor.get("maker_index", 0)) + 1
+    else:
+        cursor.update(phase="done", verdict=output)
+    return cursor
+
+
+async def drive_run(driver: RunDriver, claim: Claimed) -> None:
+    """Drive one claimed run until it finishes, parks or the lease is lost."""
+    lease = claim.lease
+    run = await driver.db(load_run_state, lease.run_id)
+    retry = float(driver_setting("LOCK_RETRY_SECONDS"))
+    status = await driver.db(prepare, lease, run, retry)
+    while status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
+        step = _next_invocation(run)
+        if step is None:
+            return
+        role, name, employee = step
+        if role == Role.VERIFIER and status == RunStatus.RUNNING.value:
+            run.cursor["phase"] = "verifier"
+            await driver.db(_enter_verification, lease, run.cursor)
+            status = RunStatus.VERIFYING.value
+        outcome = await _invoke(driver, lease, run, role, name, employee)
+        if outcome.kind != OutcomeKind.COMPLETED:
+            await driver.db(_conclude_invocation, lease, run, outcome)
+            return
+        run.cursor = _advance_cursor(run, role, outcome.output)
+        if role == Role.VERIFIER:
+            await driver.db(_conclude_verdict, lease, run, outcome.output)
+            return
+        await driver.db(run_update_fenced, lease, cursor=run.cursor)
+
+
+def driver_setting(name: str) -> Any:
+    from django.conf import settings
+
+    return settings.LOOPWRIGHT[name]
+
+
+async def _invoke(
+    driver: RunDriver, lease: Lease, run: RunState, role: Role, name: str, employee: str
+) -> InvocationOutcome:
+    request = InvocationRequest(
+        run_id=run.id,
+        role=role,
+        invocation=name,
+        employee_username=employee,
+        goal=run.goal,
+        harness=_harness_for(run, role, employee),
+        context={
+            "plan": run.cursor.get("plan"),
+            "maker_outputs": run.cursor.get("maker_outputs", []),
+            "autonomy_level": run.autonomy_level,
+            "required_checks": run.policy.get("requiredChecks", []),
+        },
+        inputs=run.inputs,
+        workdir=run.cursor.get("workdir"),
+    )
+    journal = DbJournal(driver, lease, role, name)
+    try:
+        return await driver.invoker.invoke(request, journal)
+    except RetryLater as exc:
+        await driver.db(_park_for_retry, lease, str(exc), exc.delay_seconds)
+        return InvocationOutcome(kind=OutcomeKind.BLOCKED, code="__parked__")
+    except (LeaseLost, OperationalError, InterfaceError):
+        raise
+    except Exception as exc:
+        # A bug or an unexpected failure in the invoker: fail the run with its cause rather
+        # than letting the lease expire again and again.
+        logger.exception("run %s: %s invocation raised", run.id, name)
+        return InvocationOutcome(
+            kind=OutcomeKind.FAILED,
+            code="error",
+            reason=f"{name} invocation failed: {type(exc).__name__}: {str(exc)[:500]}",
+        )
+
+
+def _enter_verification(lease: Lease, cursor: dict[str, Any]) -> None:
+    run_transition(
+        run_id=lease.run_id,
+        to=RunStatus.VERIFYING,
+        actor=lease.owner,
+        lease=lease,
+        event_type="verification.started",
+        fields={"cursor": cursor},
+    )
+
+
+def _park_for_retry(lease: Lease, reason: str, delay_seconds: float) -> None:
+    run_transition(
+        run_id=lease.run_id,
+        to=RunStatus.QUEUED,
+        actor=lease.owner,
+        lease=lease,
+        event_type="run.retry_later",
+        data={"reason": reason, "delay_seconds": delay_seconds},
+        fields={"not_before": timezone.now() + timedelta(seconds=delay_seconds)},
+    )
+
+
+_OUTCOME_TARGET = {
+    OutcomeKind.NEEDS_APPROVAL: (RunStatus.WAITING_APPROVAL, "approval.requested"),
+    OutcomeKind.FAILED: (RunStatus.FAILED, "run.failed"),
+    OutcomeKind.BLOCKED: (RunStatus.BLOCKED, "run.blocked"),
+    OutcomeKind.ESCALATE: (RunStatus.WAITING_HUMAN, "run.escalated"),
+}
+
+
+def _conclude_invocation(lease: Lease, run: RunState, outcome: InvocationOutcome) -> None:
+    if outcome.code == "__parked__":
+        return  # already re-queued by _park_for_retry
+    target, event_type = _OUTCOME_TARGET[outcome.kind]
+    fields: dict[str, Any] = {"cursor": run.cursor}
+    if target == RunStatus.FAILED:
+        fields.update(terminal_reason=outcome.code or "error", failure_reason=outcome.reason)
+    elif target == RunStatus.BLOCKED:
+        fields.update(failure_reason=outcome.reason)
+    run_transition(
+        run_id=lease.run_id,
+        to=target,
+        actor=lease.owner,
+        lease=lease,
+        event_type=event_type,
+        data={"code": outcome.code, "reason": outcome.reason, **outcome.output},
+        fields=fields,
+    )
+
+
+def _conclude_verdict(lease: Lease, run: RunState, verdict: dict[str, Any]) -> None:
+    """pass → succeeded (L1) or waiting_human (L2/L3); reject → failed; else escalate."""
+    value = verdict.get("verdict")
+    fields: dict[str, Any] = {"cursor": run.cursor, "result": verdict}
+    if value == "pass" and run.autonomy_level == "L1":
+        target, fields["terminal_reason"] = RunStatus.SUCCEEDED, "verified"
+    elif value == "pass":
+        target = RunStatus.WAITING_HUMAN
+    elif value == "reject":
+        target = RunStatus.FAILED
+        fields.update(
+            terminal_reason="rejected_by_verifier",
+            failure_reason="; ".join(str(r) for r in verdict.get("reasons", [])) or "rejected",
+        )
+    else:
+        target = RunStatus.WAITING_HUMAN
+    run_transition(
+        run_id=lease.run_id,
+        to=target,
+        actor=lease.owner,
+        lease=lease,
+        event_type="verification.verdict",
+        data={"verdict": value},
+        fields=fields,
+    )
