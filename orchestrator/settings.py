@@ -162,6 +162,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
         "data_folder_in": str(BROKER_DIR),
         "data_folder_out": str(BROKER_DIR),
+        "control_folder": str(BROKER_DIR / "control"),
         "polling_interval": 0.05,
     }
 else:

@@ -46,6 +46,8 @@ class ChatResponse:
     model: str = ""
     #: Which endpoint answered (the primary or a failover), for cost accounting and traces.
     endpoint: str = ""
+    #: Cost of this call from the answering endpoint's per-token prices (0 when unpriced).
+    cost: float = 0.0
 
 
 ResponseFormat = Literal["text", "json_object", "json_schema"]
