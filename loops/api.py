@@ -92,15 +92,6 @@ class RunFilter(django_filters.FilterSet):
 
 
 def _action_view(name: str) -> Any:
-    @extend_schema(
-        request=ActionSerializer,
-        responses={200: RunSerializer},
-        description=(
-            f"Human action `{name}`. 409 (problem+json with `current_status` and "
-            "`allowed_actions`) when the run's state does not allow it."
-        ),
-    )
-    @action(detail=True, methods=["post"], url_path=name, permission_classes=[IsOperator])
     def view(self: RunViewSet, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()
         body = ActionSerializer(data=request.data)
@@ -110,8 +101,20 @@ def _action_view(name: str) -> Any:
         )
         return Response(RunSerializer(updated).data)
 
-    view.__name__ = name
-    return view
+    # DRF maps the HTTP method to the function's name, so name it before decorating.
+    view.__name__ = view.__qualname__ = name
+    view.__doc__ = f"Human action `{name}` on a run."
+    decorated = action(
+        detail=True, methods=["post"], url_path=name, url_name=name, permission_classes=[IsOperator]
+    )(view)
+    return extend_schema(
+        request=ActionSerializer,
+        responses={200: RunSerializer},
+        description=(
+            f"Human action `{name}`. 409 (problem+json with `current_status` and "
+            "`allowed_actions`) when the run's state does not allow it."
+        ),
+    )(decorated)
 
 
 class RunViewSet(

@@ -1,0 +1,17 @@
+# Loopwright: the two commands of the README, and a few more for developers.
+.PHONY: demo test bench lint fmt migrate
+
+demo:  ## install what is missing, migrate, seed the demo, start web + worker + scheduler
+	@scripts/demo.sh
+
+test:  ## lint, types, and the whole test suite on SQLite and on PostgreSQL + Redis
+	@scripts/test.sh
+
+bench:  ## every benchmark, printed as a table (JSON under bench/results/)
+	@scripts/bootstrap.sh && .venv/bin/python -m bench
+
+lint:
+	@scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy .
+
+fmt:
+	@.venv/bin/ruff format . && .venv/bin/ruff check --fix .

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, types, then the tests on SQLite and again on PostgreSQL + Redis.
+#
+#   make test                      # what the README says
+#   REQUIRE_SERVICES=1 make test   # CI: missing PostgreSQL or Redis is a failure, not a skip
+#   PYTEST_ARGS="-k claims" make test
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh || exit 1
+export PATH="$PWD/.venv/bin:$PATH"
+PG_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/loopwright}"
+REDIS_BASE="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+failed=()
+skipped=()
+
+step() { printf '\n==> %s\n' "$*"; }
+
+run_pytest() {  # $1 = label, then the command prefix (env settings) for pytest
+  local label=$1 rc=0
+  shift
+  "$@" pytest -n 2 ${PYTEST_ARGS:-} || rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests for $label: that is a failure" >&2
+  fi
+  [ "$rc" -eq 0 ] || failed+=("$label (pytest exit $rc)")
+}
+
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+redis_up() { [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ]; }
+
+start_services() {
+  if ! pg_up && command -v pg_ctlcluster >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    step "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | tail -1)" main start || true
+    for _ in $(seq 1 30); do pg_up && break; sleep 0.5; done
+  fi
+  if ! redis_up && command -v redis-server >/dev/null 2>&1; then
+    step "starting Redis"
+    mkdir -p var/redis
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+      --dir "$PWD/var/redis" --logfile "$PWD/var/redis/redis.log" || true
+    for _ in $(seq 1 30); do redis_up && break; sleep 0.2; done
+  fi
+}
+
+step "ruff check"
+ruff check . || failed+=("ruff check")
+step "ruff format --check"
+ruff format --check . || failed+=("ruff format")
+step "mypy"
+mypy . || failed+=("mypy")
+
+step "tests on SQLite (embedded default)"
+run_pytest "SQLite suite" env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL \
+  LOOPWRIGHT_VAR_DIR="$PWD/var/test-sqlite"
+
+start_services
+if pg_up && redis_up; then
+  step "tests on PostgreSQL + Redis"
+  run_pytest "PostgreSQL + Redis suite" env LOOPWRIGHT_VAR_DIR="$PWD/var/test-postgres" \
+    DATABASE_URL="$PG_URL" CELERY_BROKER_URL="$REDIS_BASE/2" REDIS_URL="$REDIS_BASE/2"
+else
+  msg="PostgreSQL + Redis suite NOT RUN: no PostgreSQL at 127.0.0.1:5432 or no Redis at 127.0.0.1:6379"
+  skipped+=("$msg")
+  [ "${REQUIRE_SERVICES:-0}" = 1 ] && failed+=("$msg (REQUIRE_SERVICES=1)")
+fi
+
+echo
+for s in "${skipped[@]}"; do echo "SKIPPED: $s"; done
+if [ ${#failed[@]} -gt 0 ]; then
+  for f in "${failed[@]}"; do echo "FAILED: $f"; done
+  exit 1
+fi
+echo "All checks passed."
