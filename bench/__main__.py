@@ -1,0 +1,89 @@
+"""``python -m bench [--smoke] [--only NAME]``: every benchmark, printed as one table.
+
+Each benchmark module exposes ``run(smoke: bool = False) -> list[dict]``; each row has at least
+``figure``, ``target``, ``passed`` and a measured value (``median`` / ``median_ms``), optionally
+``spread``, ``p99_ms``, ``unit``, ``ratio`` and ``reference``. Results are also written as JSON
+under ``bench/results/`` for tracking. Smoke mode (used by CI) only checks that they work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = ["claims", "harness_compile", "sandbox_latency"]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _value(row: dict[str, Any]) -> str:
+    for key in ("median", "median_ms"):
+        if key in row and row[key] is not None:
+            unit = row.get("unit", "ms" if key == "median_ms" else "")
+            return f"{row[key]:.3g} {unit}".strip()
+    return "-"
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    headers = ["benchmark", "figure", "target", "measured", "spread", "ratio", "pass"]
+    table = [
+        [
+            r["benchmark"],
+            str(r.get("figure", "")),
+            str(r.get("target", "")),
+            _value(r),
+            str(r.get("spread", "")),
+            f"{r['ratio']:.2f}" if isinstance(r.get("ratio"), (int, float)) else "",
+            "PASS" if r.get("passed") else "FAIL",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check they work")
+    parser.add_argument("--only", action="append", choices=BENCHMARKS)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
+    rows: list[dict[str, Any]] = []
+    errors = 0
+    for name in args.only or BENCHMARKS:
+        try:
+            module = importlib.import_module(f"bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"bench.{name}":
+                print(f"[{name}] not present yet", file=sys.stderr)
+                continue
+            raise
+        started = time.monotonic()
+        try:
+            results = module.run(smoke=args.smoke)
+        except Exception as exc:  # report and go on with the other benchmarks
+            errors += 1
+            print(f"[{name}] failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        print(f"[{name}] done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        rows.extend({"benchmark": name, **row} for row in results)
+    _print_table(rows)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / f"{'smoke' if args.smoke else 'bench'}-{stamp}.json"
+    out.write_text(json.dumps(rows, indent=2, default=str))
+    print(f"results written to {out}")
+    if errors:
+        return 1
+    return 0 if args.smoke or all(r.get("passed") for r in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
