@@ -1,0 +1,50 @@
+"""The tool policy one invocation runs under: which tools are offered and which are gated.
+
+The harness planner (``harness/planner.py``) decides this from the compiled harness snapshot;
+the loop only consumes the result, as a :class:`ToolPolicy`. A tool the policy does not name is
+treated as denied: nothing outside the plan is offered or executed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+class Decision(enum.StrEnum):
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+@dataclass(frozen=True)
+class ToolRule:
+    decision: Decision
+    reason: str = ""
+
+
+_NOT_IN_PLAN = ToolRule(Decision.DENY, "not in this invocation's tool plan")
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """Tool name → decision (allow / ask / deny) with the reason the plan gives."""
+
+    rules: Mapping[str, ToolRule] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def from_decisions(cls, decisions: Mapping[str, str | tuple[str, str]]) -> ToolPolicy:
+        """``{"read": "allow", "write": ("ask", "writes need a human")}`` → a policy."""
+        rules = {}
+        for name, value in decisions.items():
+            decision, reason = (value, "") if isinstance(value, str) else value
+            rules[name] = ToolRule(Decision(decision), reason)
+        return cls(MappingProxyType(rules))
+
+    def rule(self, tool: str) -> ToolRule:
+        return self.rules.get(tool, _NOT_IN_PLAN)
+
+    def offers(self, tool: str) -> bool:
+        return self.rule(tool).decision is not Decision.DENY
