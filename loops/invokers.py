@@ -22,6 +22,15 @@ class LeaseLost(Exception):
     """The worker no longer holds the run's lease: stop at once and write nothing more."""
 
 
+class RetryLater(Exception):
+    """A temporary failure (every model endpoint down, rate limited): the engine parks the run
+    in ``queued`` with a delay instead of failing it. Nothing of the failed step is persisted."""
+
+    def __init__(self, reason: str, delay_seconds: float = 30.0) -> None:
+        super().__init__(reason)
+        self.delay_seconds = delay_seconds
+
+
 class Role(enum.StrEnum):
     LEADER = "leader"
     MAKER = "maker"

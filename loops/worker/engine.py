@@ -21,6 +21,7 @@ from loops.invokers import (
     InvocationRequest,
     LeaseLost,
     OutcomeKind,
+    RetryLater,
     Role,
     StepRecord,
 )
@@ -34,14 +35,6 @@ if TYPE_CHECKING:
     from loops.worker.driver import RunDriver
 
 logger = logging.getLogger(__name__)
-
-
-class RetryLater(Exception):
-    """A temporary failure (model endpoints down): park the run and try again later."""
-
-    def __init__(self, reason: str, delay_seconds: float = 30.0) -> None:
-        super().__init__(reason)
-        self.delay_seconds = delay_seconds
 
 
 @dataclass

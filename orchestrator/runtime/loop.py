@@ -25,6 +25,7 @@ from loops.invokers import (
     InvocationOutcome,
     InvocationRequest,
     OutcomeKind,
+    RetryLater,
     StepJournal,
 )
 from orchestrator.runtime import prompts
@@ -73,7 +74,7 @@ PromptProvider = Callable[[InvocationRequest], str | Awaitable[str]]
 CORRECTION_NOTICE = "output_correction"
 
 
-class ModelTemporarilyUnavailable(Exception):
+class ModelTemporarilyUnavailable(RetryLater):
     """Every model endpoint failed in a way worth retrying later (rate limits, outages).
 
     Raised out of ``invoke`` so the engine can re-queue the run with a delay; nothing of the
