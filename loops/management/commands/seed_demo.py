@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand
 from loops.models import LoopPattern
 from loops.services.patterns import pattern_create
 
-DEMO_PATTERN = {
+DEMO_PATTERN: dict[str, Any] = {
     "key": "demo-hello",
     "title": "Demo: improve a greeting",
     "description": "Leader plans, a maker edits a file, an independent verifier judges.",
