@@ -1,1 +1,1 @@
-"""Policy profiles, their versions, the settings schema, the layered compiler and the tool planner."""
+"""Policy profiles and versions, the settings schema, the layered compiler, the tool planner."""

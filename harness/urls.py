@@ -1,5 +1,10 @@
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from harness.api import HarnessProfileViewSet
+
+router = SimpleRouter(trailing_slash=False)
+router.register("harness-profiles", HarnessProfileViewSet, basename="harness-profile")
+
+urlpatterns = router.urls

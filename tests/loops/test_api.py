@@ -239,3 +239,34 @@ def test_openapi_schema_is_served() -> None:
     response = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     assert "/api/v1/runs/{id}/cancel" in response.json()["paths"]
+
+
+def test_runs_keep_the_harness_snapshot_they_started_with(
+    operator: APIClient, api_client_for: Callable[[str], APIClient]
+) -> None:
+    create_pattern(operator, key="pinned", maker_harness_tag="default")
+    trigger = {"inputs": {"path": "x"}}
+    before = operator.post("/api/v1/patterns/pinned/trigger", trigger, format="json").json()
+    admin = api_client_for("admin")
+    current = admin.get("/api/v1/harness-profiles/default").json()
+    settings = admin.get("/api/v1/harness-profiles/default/versions").json()
+    latest = settings["results"][0] if isinstance(settings, dict) else settings[0]
+    new_settings = dict(latest["settings"])
+    new_settings["limits"] = {**new_settings.get("limits", {}), "maxToolCalls": 3}
+    assert admin.post(
+        "/api/v1/harness-profiles/default/save-draft", {"settings": new_settings}, format="json"
+    ).status_code in (200, 201)
+    assert (
+        admin.post("/api/v1/harness-profiles/default/publish", {}, format="json").status_code == 200
+    )
+    after = operator.post("/api/v1/patterns/pinned/trigger", trigger, format="json").json()
+    old_snap = operator.get(f"/api/v1/runs/{before['id']}").json()["harness_snapshots"]["makers"][
+        "maker-a"
+    ]
+    new_snap = operator.get(f"/api/v1/runs/{after['id']}").json()["harness_snapshots"]["makers"][
+        "maker-a"
+    ]
+    assert new_snap["profile"]["version"] == old_snap["profile"]["version"] + 1
+    assert new_snap["settings"]["limits"]["maxToolCalls"] == 3
+    assert old_snap["settings"]["limits"].get("maxToolCalls") != 3
+    assert current["tag"] == "default"

@@ -1,0 +1,238 @@
+"""Layered compilation of harness settings: most restrictive wins. Pure: no Django, no database.
+
+Layers are stacked ``platform → profile:<tag>@<version> → pattern → employee:<username> → run``
+and every field is merged with the *meet* of its strictness order, so the result is the same for
+any order of the layers and adding a layer can only tighten it:
+
+- allow lists, trusted tools, allowed employees and connectors, memory scopes: intersection
+  (``"*"`` is every name, the identity of intersection);
+- ask and deny: union;
+- per-tool effects: the most severe effect per tool (read < write < external);
+- numbers: minimum;
+- capability booleans (memory.enabled, observability.captureInputs/captureOutputs): AND;
+- requirement booleans (isolation.requireWorktree, observability.enabled): OR;
+- isolation.mode: worktree over none; isolation.networkAccess: deny < restricted < allow.
+
+A field a layer leaves out is no opinion and changes nothing. Compilation starts from the loosest
+value of every field (:data:`TOP`), which the platform layer bounds in practice. One exception
+keeps that safe: a profile that omits ``tools.trustedPreHandlerTools`` trusts nothing
+(:data:`PROFILE_DEFAULTS`), so no write runs without a human unless a profile names it. The
+provenance of a field names the last layer that tightened it (or the first that stated it, when
+none did).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from harness.schema import (
+    EFFECTS,
+    ISOLATION_MODES,
+    MEMORY_SCOPES,
+    NETWORK_ACCESS,
+    NUMBER_MAXIMA,
+    WILDCARD,
+    HarnessLayer,
+    HarnessSettings,
+    layer_validate,
+)
+
+ALL: frozenset[str] = frozenset({WILDCARD})
+NONE: frozenset[str] = frozenset()
+DEFAULT_SOURCE = "default"
+"""Provenance of a field no layer stated (never seen when the platform layer is complete)."""
+
+_SEVERITY = {effect: rank for rank, effect in enumerate(EFFECTS)}
+
+
+def meet_names(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """Intersection where ``"*"`` means every name."""
+    if WILDCARD in a:
+        return b
+    if WILDCARD in b:
+        return a
+    return a & b
+
+
+def join_names(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """Union where ``"*"`` absorbs everything."""
+    if WILDCARD in a or WILDCARD in b:
+        return ALL
+    return a | b
+
+
+def join_effects(a: Mapping[str, str], b: Mapping[str, str]) -> Mapping[str, str]:
+    """Per tool, the more severe effect. ``read`` entries add nothing: an effect only raises."""
+    merged = dict(a)
+    for tool, effect in b.items():
+        if _SEVERITY[effect] > _SEVERITY[merged.get(tool, "read")]:
+            merged[tool] = effect
+    return merged
+
+
+def _stricter_of(order: tuple[str, ...]) -> Callable[[str, str], str]:
+    """Merge for an enumeration listed from the strictest to the loosest value."""
+    rank = {value: index for index, value in enumerate(order)}
+
+    def merge(a: str, b: str) -> str:
+        return a if rank[a] <= rank[b] else b
+
+    return merge
+
+
+def _and(a: bool, b: bool) -> bool:
+    return a and b
+
+
+def _or(a: bool, b: bool) -> bool:
+    return a or b
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How one field merges: ``merge`` is the meet of its strictness order, ``top`` its loosest."""
+
+    kind: str
+    merge: Callable[[Any, Any], Any]
+    top: Any
+
+
+def _intersect(top: frozenset[str] = ALL) -> Rule:
+    return Rule("intersection", meet_names, top)
+
+
+def _minimum(path: str) -> Rule:
+    return Rule("minimum", min, NUMBER_MAXIMA[path])
+
+
+_UNION = Rule("union", join_names, NONE)
+_AND = Rule("and (a capability)", _and, True)
+_OR = Rule("or (a requirement)", _or, False)
+
+RULES: dict[str, Rule] = {
+    "tools.allow": _intersect(),
+    "tools.ask": _UNION,
+    "tools.deny": _UNION,
+    "tools.effects": Rule("most severe effect per tool", join_effects, {}),
+    "tools.trustedPreHandlerTools": _intersect(),
+    "memory.enabled": _AND,
+    "memory.scopes": _intersect(frozenset(MEMORY_SCOPES)),
+    "memory.maxChars": _minimum("memory.maxChars"),
+    "delegation.allowedEmployees": _intersect(),
+    "delegation.maxDepth": _minimum("delegation.maxDepth"),
+    "delegation.maxCount": _minimum("delegation.maxCount"),
+    "limits.timeoutMs": _minimum("limits.timeoutMs"),
+    "limits.recursionLimit": _minimum("limits.recursionLimit"),
+    "limits.maxInvocations": _minimum("limits.maxInvocations"),
+    "limits.maxToolCalls": _minimum("limits.maxToolCalls"),
+    "limits.maxTokens": _minimum("limits.maxTokens"),
+    "limits.maxCost": _minimum("limits.maxCost"),
+    "isolation.mode": Rule("strictest (worktree < none)", _stricter_of(ISOLATION_MODES), "none"),
+    "isolation.requireWorktree": _OR,
+    "isolation.allowedConnectors": _intersect(),
+    "isolation.networkAccess": Rule(
+        "strictest (deny < restricted < allow)", _stricter_of(NETWORK_ACCESS), "allow"
+    ),
+    "observability.enabled": _OR,
+    "observability.tracingRetentionDays": _minimum("observability.tracingRetentionDays"),
+    "observability.captureInputs": _AND,
+    "observability.captureOutputs": _AND,
+}
+"""Every leaf field of the settings, by ``section.key`` path (the provenance keys)."""
+
+TOP: dict[str, Any] = {path: rule.top for path, rule in RULES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """A validated layer flattened for compilation: ``values`` maps field paths it states."""
+
+    name: str
+    values: Mapping[str, Any]
+
+
+def name_set(names: list[str]) -> frozenset[str]:
+    """A name list as a set; any list holding ``"*"`` is :data:`ALL`."""
+    found = frozenset(names)
+    return ALL if WILDCARD in found else found
+
+
+def _normalized(value: Any) -> Any:
+    if isinstance(value, list):
+        return name_set(value)
+    if isinstance(value, dict):
+        return {tool: effect for tool, effect in value.items() if effect != "read"}
+    return value
+
+
+def layer_from_settings(name: str, settings: HarnessLayer | HarnessSettings) -> Layer:
+    """Flatten already validated settings into a :class:`Layer` (cheap; no validation)."""
+    values = {
+        f"{section}.{key}": _normalized(value)
+        for section, fields in settings.model_dump(exclude_unset=True).items()
+        for key, value in fields.items()
+    }
+    return Layer(name=name, values=values)
+
+
+PROFILE_DEFAULTS: dict[str, Any] = {"tools.trustedPreHandlerTools": NONE}
+"""What a *profile* states when it omits a key. Trust is the one grant whose loosest value would
+remove a human gate, so only a profile that names a tool trusts it; later layers can only narrow
+that. Every other omitted key is no opinion, as in any layer."""
+
+
+def profile_layer(name: str, settings: HarnessLayer) -> Layer:
+    """The profile's layer: its settings, with :data:`PROFILE_DEFAULTS` for what it omits."""
+    layer = layer_from_settings(name, settings)
+    return Layer(name=name, values={**PROFILE_DEFAULTS, **layer.values})
+
+
+def layer_parse(name: str, data: Any, prefix: Sequence[str | int] = ()) -> Layer:
+    """Validate raw layer settings and flatten them; raises ``SettingsInvalid``."""
+    return layer_from_settings(name, layer_validate(data, prefix))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, dict):
+        return dict(sorted(value.items()))
+    return value
+
+
+@dataclass(frozen=True)
+class CompiledHarness:
+    """The result of compilation: flat field values, their provenance and the layer names."""
+
+    values: Mapping[str, Any]
+    provenance: Mapping[str, str]
+    layers: tuple[str, ...]
+
+    def settings_dict(self) -> dict[str, Any]:
+        """The complete settings as fresh JSON data (camelCase, sorted lists)."""
+        nested: dict[str, dict[str, Any]] = {}
+        for path, value in self.values.items():
+            section, key = path.split(".", 1)
+            nested.setdefault(section, {})[key] = _json_value(value)
+        return nested
+
+    @cached_property
+    def settings(self) -> HarnessSettings:
+        return HarnessSettings.model_validate(self.settings_dict())
+
+
+def harness_compile(layers: Sequence[Layer]) -> CompiledHarness:
+    """Merge ``layers`` most-restrictive-wins, recording which layer decided each field."""
+    values = dict(TOP)
+    provenance = dict.fromkeys(RULES, DEFAULT_SOURCE)
+    for layer in layers:
+        for path, stated in layer.values.items():
+            current = values[path]
+            merged = RULES[path].merge(current, stated)
+            if merged != current or provenance[path] == DEFAULT_SOURCE:
+                values[path] = merged
+                provenance[path] = layer.name
+    return CompiledHarness(values, provenance, tuple(layer.name for layer in layers))

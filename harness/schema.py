@@ -1,0 +1,415 @@
+"""The harness settings schema: six sections, validated strictly, exported as JSON Schema.
+
+Two shapes of the same settings live here:
+
+- :class:`HarnessLayer` is what a person writes (a profile version, a pattern, an employee, a run
+  override). Every section and every field is optional, because an absent key means "this layer
+  has no opinion"; ``null`` is refused so there is exactly one way to say that.
+- :class:`HarnessSettings` is what compilation produces: every field present, ready for the run
+  engine to read without ``None`` checks.
+
+Keys are camelCase in JSON (as in the spec) and snake_case in Python, through pydantic aliases.
+Validation is strict: unknown keys, wrong types (no ``"5"`` for 5, no ``1`` for true) and values
+out of range are refused, and :func:`settings_problems` reports every problem with a JSON Pointer
+to the offending field. This module is pure: no Django, no database.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypedDict, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+WILDCARD = "*"
+"""In a name list, ``"*"`` stands for every name."""
+
+EFFECTS: tuple[str, ...] = ("read", "write", "external")
+"""Tool effects from the least to the most severe."""
+NETWORK_ACCESS: tuple[str, ...] = ("deny", "restricted", "allow")
+"""Network access from the strictest to the loosest."""
+ISOLATION_MODES: tuple[str, ...] = ("worktree", "none")
+"""Isolation modes from the strictest to the loosest."""
+MEMORY_SCOPES: tuple[str, ...] = ("agent_user", "public", "user")
+
+EffectName = Literal["read", "write", "external"]
+NetworkAccess = Literal["deny", "restricted", "allow"]
+IsolationMode = Literal["none", "worktree"]
+MemoryScope = Literal["public", "user", "agent_user"]
+
+MAX_LIST_ITEMS = 2000
+
+#: Upper bound of every number, by field path. Also the loosest value compilation starts from.
+NUMBER_MAXIMA: dict[str, int | float] = {
+    "memory.maxChars": 10_000_000,
+    "delegation.maxDepth": 10,
+    "delegation.maxCount": 10_000,
+    "limits.timeoutMs": 7 * 24 * 3600 * 1000,
+    "limits.recursionLimit": 10_000,
+    "limits.maxInvocations": 1_000_000,
+    "limits.maxToolCalls": 1_000_000,
+    "limits.maxTokens": 10_000_000_000,
+    "limits.maxCost": 1_000_000.0,
+    "observability.tracingRetentionDays": 3650,
+}
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
+ToolName = Annotated[str, Field(pattern=rf"^{_NAME}$")]
+NamePattern = Annotated[str, Field(pattern=rf"^(\*|{_NAME})$")]
+UserPattern = Annotated[str, Field(pattern=r"^(\*|[\w.@+-]{1,150})$")]
+Names = Annotated[list[NamePattern], Field(max_length=MAX_LIST_ITEMS)]
+Usernames = Annotated[list[UserPattern], Field(max_length=MAX_LIST_ITEMS)]
+Scopes = Annotated[list[MemoryScope], Field(max_length=len(MEMORY_SCOPES) * 4)]
+Effects = Annotated[dict[ToolName, EffectName], Field(max_length=MAX_LIST_ITEMS)]
+
+
+def _bounded(path: str) -> Any:
+    return Field(ge=0, le=NUMBER_MAXIMA[path])
+
+
+MaxChars = Annotated[int, _bounded("memory.maxChars")]
+MaxDepth = Annotated[int, _bounded("delegation.maxDepth")]
+MaxCount = Annotated[int, _bounded("delegation.maxCount")]
+TimeoutMs = Annotated[int, _bounded("limits.timeoutMs")]
+RecursionLimit = Annotated[int, _bounded("limits.recursionLimit")]
+MaxInvocations = Annotated[int, _bounded("limits.maxInvocations")]
+MaxToolCalls = Annotated[int, _bounded("limits.maxToolCalls")]
+MaxTokens = Annotated[int, _bounded("limits.maxTokens")]
+MaxCost = Annotated[float, _bounded("limits.maxCost"), Field(allow_inf_nan=False)]
+RetentionDays = Annotated[int, _bounded("observability.tracingRetentionDays")]
+
+
+def _refuse_null(value: Any) -> Any:
+    if value is None:
+        raise PydanticCustomError(
+            "null_not_allowed", "null is not allowed: omit the key to express no opinion"
+        )
+    return value
+
+
+T = TypeVar("T")
+#: An optional layer field: may be absent (no opinion), never null.
+Opt = Annotated[T | None, BeforeValidator(_refuse_null)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=False,
+        serialize_by_alias=True,
+    )
+
+
+# --- Layers: what people write; every field optional -------------------------------------------
+
+
+class ToolsLayer(_Strict):
+    allow: Opt[Names] = Field(None, description='Tools that may run; "*" for every tool.')
+    ask: Opt[Names] = Field(None, description="Tools that always need a human approval.")
+    deny: Opt[Names] = Field(None, description="Tools that are never offered.")
+    effects: Opt[Effects] = Field(
+        None, description="Per-tool effect (read, write, external); the most severe one applies."
+    )
+    trusted_pre_handler_tools: Opt[Names] = Field(
+        None,
+        description="Allowed write/external tools that run without an approval. "
+        "A profile that omits it trusts none.",
+    )
+
+
+class MemoryLayer(_Strict):
+    enabled: Opt[bool] = Field(None, description="Inject the agent memory context.")
+    scopes: Opt[Scopes] = Field(None, description="Memory scopes that may be read.")
+    max_chars: Opt[MaxChars] = Field(None, description="Memory context is trimmed to this size.")
+
+
+class DelegationLayer(_Strict):
+    allowed_employees: Opt[Usernames] = Field(
+        None, description='Employees that may be delegated to; "*" for any.'
+    )
+    max_depth: Opt[MaxDepth] = Field(None, description="Nesting depth of delegation; 0 = none.")
+    max_count: Opt[MaxCount] = Field(None, description="Delegations per invocation.")
+
+
+class LimitsLayer(_Strict):
+    timeout_ms: Opt[TimeoutMs] = Field(None, description="Wall-clock limit of an invocation.")
+    recursion_limit: Opt[RecursionLimit] = Field(None, description="Model steps per invocation.")
+    max_invocations: Opt[MaxInvocations] = Field(None, description="Role invocations per run.")
+    max_tool_calls: Opt[MaxToolCalls] = Field(None, description="Tool calls per run.")
+    max_tokens: Opt[MaxTokens] = Field(None, description="Model tokens per run.")
+    max_cost: Opt[MaxCost] = Field(None, description="Model cost per run, in the endpoint's unit.")
+
+
+class IsolationLayer(_Strict):
+    mode: Opt[IsolationMode] = Field(None, description="none, or a git worktree per run.")
+    require_worktree: Opt[bool] = Field(
+        None, description="Refuse to run unless the run has its own worktree."
+    )
+    allowed_connectors: Opt[Names] = Field(
+        None, description='External connectors (MCP servers, agents) that may be used; "*" for any.'
+    )
+    network_access: Opt[NetworkAccess] = Field(
+        None, description="deny, restricted (configured endpoints only) or allow."
+    )
+
+
+class ObservabilityLayer(_Strict):
+    enabled: Opt[bool] = Field(None, description="Record execution spans (a requirement).")
+    tracing_retention_days: Opt[RetentionDays] = Field(None, description="Days spans are kept.")
+    capture_inputs: Opt[bool] = Field(None, description="Store tool and model inputs in spans.")
+    capture_outputs: Opt[bool] = Field(None, description="Store tool and model outputs in spans.")
+
+
+class HarnessLayer(_Strict):
+    """One layer of harness settings (a profile version, pattern, employee or run override)."""
+
+    model_config = ConfigDict(title="Loopwright harness settings")
+
+    tools: Opt[ToolsLayer] = None
+    memory: Opt[MemoryLayer] = None
+    delegation: Opt[DelegationLayer] = None
+    limits: Opt[LimitsLayer] = None
+    isolation: Opt[IsolationLayer] = None
+    observability: Opt[ObservabilityLayer] = None
+
+
+# --- Compiled settings: every field present ------------------------------------------------------
+
+
+class ToolsSettings(_Strict):
+    allow: Names
+    ask: Names
+    deny: Names
+    effects: Effects
+    trusted_pre_handler_tools: Names
+
+
+class MemorySettings(_Strict):
+    enabled: bool
+    scopes: Scopes
+    max_chars: MaxChars
+
+
+class DelegationSettings(_Strict):
+    allowed_employees: Usernames
+    max_depth: MaxDepth
+    max_count: MaxCount
+
+
+class LimitsSettings(_Strict):
+    timeout_ms: TimeoutMs
+    recursion_limit: RecursionLimit
+    max_invocations: MaxInvocations
+    max_tool_calls: MaxToolCalls
+    max_tokens: MaxTokens
+    max_cost: MaxCost
+
+
+class IsolationSettings(_Strict):
+    mode: IsolationMode
+    require_worktree: bool
+    allowed_connectors: Names
+    network_access: NetworkAccess
+
+
+class ObservabilitySettings(_Strict):
+    enabled: bool
+    tracing_retention_days: RetentionDays
+    capture_inputs: bool
+    capture_outputs: bool
+
+
+class HarnessSettings(_Strict):
+    """Compiled (complete) harness settings, as stored in a run's snapshot."""
+
+    tools: ToolsSettings
+    memory: MemorySettings
+    delegation: DelegationSettings
+    limits: LimitsSettings
+    isolation: IsolationSettings
+    observability: ObservabilitySettings
+
+
+DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
+    "tools": {
+        "allow": ["*"],
+        "ask": [],
+        "deny": [],
+        "effects": {},
+        "trustedPreHandlerTools": ["*"],
+    },
+    "memory": {"enabled": True, "scopes": list(MEMORY_SCOPES), "maxChars": 50_000},
+    "delegation": {"allowedEmployees": ["*"], "maxDepth": 3, "maxCount": 50},
+    "limits": {
+        "timeoutMs": 4 * 3600 * 1000,
+        "recursionLimit": 200,
+        "maxInvocations": 500,
+        "maxToolCalls": 5000,
+        "maxTokens": 2_000_000,
+        "maxCost": 100.0,
+    },
+    "isolation": {
+        "mode": "none",
+        "requireWorktree": False,
+        "allowedConnectors": ["*"],
+        "networkAccess": "allow",
+    },
+    "observability": {
+        "enabled": True,
+        "tracingRetentionDays": 365,
+        "captureInputs": True,
+        "captureOutputs": True,
+    },
+}
+"""Platform ceilings when ``settings.LOOPWRIGHT_HARNESS_PLATFORM`` does not override them:
+permissive about names (profiles decide those) and bounded in every number."""
+
+
+# --- Problems ---------------------------------------------------------------------------------
+
+
+class SettingsProblem(TypedDict):
+    pointer: str
+    detail: str
+    code: str
+
+
+class SettingsInvalid(ValueError):
+    """Settings that do not fit the schema; ``problems`` lists every one of them."""
+
+    def __init__(self, problems: list[SettingsProblem]) -> None:
+        super().__init__(f"{len(problems)} problem(s) in harness settings")
+        self.problems = problems
+
+
+def json_pointer(path: Sequence[str | int]) -> str:
+    """RFC 6901 pointer of a path (``~`` and ``/`` escaped)."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def _problem(error: Mapping[str, Any], prefix: Sequence[str | int]) -> SettingsProblem:
+    loc = list(error["loc"])
+    detail, code = str(error["msg"]), str(error["type"])
+    if loc and loc[-1] == "[key]":
+        loc.pop()
+        detail = f"key {loc[-1]!r}: {detail}"
+    elif code == "extra_forbidden":
+        detail, code = f"unknown key {loc[-1]!r}", "unknown_key"
+    elif code == "model_type":
+        detail = "expected an object"
+    return {"pointer": json_pointer([*prefix, *loc]), "detail": detail, "code": code}
+
+
+def problems_of(exc: ValidationError, prefix: Sequence[str | int] = ()) -> list[SettingsProblem]:
+    """Every error of a pydantic validation as ``{pointer, detail, code}``."""
+    return [_problem(error, prefix) for error in exc.errors(include_url=False)]
+
+
+def settings_problems(data: Any, prefix: Sequence[str | int] = ()) -> list[SettingsProblem]:
+    """Every problem of ``data`` as layer settings (empty when valid)."""
+    try:
+        HarnessLayer.model_validate(data)
+    except ValidationError as exc:
+        return problems_of(exc, prefix)
+    return []
+
+
+def layer_validate(data: Any, prefix: Sequence[str | int] = ()) -> HarnessLayer:
+    """Parse layer settings, raising :class:`SettingsInvalid` with every problem."""
+    try:
+        return HarnessLayer.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsInvalid(problems_of(exc, prefix)) from exc
+
+
+# --- JSON Schema ------------------------------------------------------------------------------
+
+JSON_SCHEMA_PATH = Path(__file__).with_name("settings.schema.json")
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+JSON_SCHEMA_ID = "https://loopwright.dev/schemas/harness-settings.json"
+
+
+class _LayerJsonSchema(GenerateJsonSchema):
+    """Optional fields are absent rather than null, so the schema shows neither null nor default."""
+
+    key_patterns = True
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        if schema.get("default") is None:
+            return self.generate_inner(schema["schema"])
+        return super().default_schema(schema)
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
+        # pydantic writes constrained keys as patternProperties, which lets other keys through;
+        # propertyNames refuses them as the validator does.
+        out = super().dict_schema(schema)
+        patterns = out.pop("patternProperties", None)
+        if patterns:
+            ((pattern, values),) = patterns.items()
+            out["additionalProperties"] = values
+            if self.key_patterns:
+                out["propertyNames"] = {"pattern": pattern}
+        return out
+
+
+class _OpenApiJsonSchema(_LayerJsonSchema):
+    """OpenAPI 3.0 schema objects have no ``propertyNames``; the validator still checks keys."""
+
+    key_patterns = False
+
+
+def export_json_schema() -> dict[str, Any]:
+    """The JSON Schema (Draft 2020-12) of layer settings, as committed in settings.schema.json."""
+    schema = HarnessLayer.model_json_schema(by_alias=True, schema_generator=_LayerJsonSchema)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": JSON_SCHEMA_ID,
+        **schema,
+    }
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON Schema with definitions inlined, for an OpenAPI component."""
+    schema = model.model_json_schema(by_alias=True, schema_generator=_OpenApiJsonSchema)
+    return dict(inline_refs(schema))
+
+
+def json_schema_text() -> str:
+    return json.dumps(export_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def inline_refs(schema: Any, defs: Mapping[str, Any] | None = None) -> Any:
+    """The schema with every local ``$ref`` replaced by its definition (the schema is acyclic).
+
+    OpenAPI components cannot hold JSON Schema ``$defs``, so the API documents this form.
+    """
+    if defs is None and isinstance(schema, dict):
+        defs = schema.get("$defs", {})
+    if isinstance(schema, dict):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return inline_refs(dict((defs or {})[ref.removeprefix("#/$defs/")]), defs)
+        skip = {"$defs", "$schema", "$id"}
+        return {k: inline_refs(v, defs) for k, v in schema.items() if k not in skip}
+    if isinstance(schema, list):
+        return [inline_refs(item, defs) for item in schema]
+    return schema
+
+
+if __name__ == "__main__":  # python -m harness.schema rewrites the committed schema file
+    JSON_SCHEMA_PATH.write_text(json_schema_text())
