@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "orchestrator",
     "orchestrator.accounts",
+    "orchestrator.agents",
     "harness",
     "loops",
     "skillhub",

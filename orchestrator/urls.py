@@ -19,5 +19,6 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("api/v1/", include("loops.urls")),
     path("api/v1/", include("harness.urls")),
+    path("api/v1/", include("orchestrator.agents.urls")),
     path("", include("frontend.urls")),
 ]

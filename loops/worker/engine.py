@@ -25,7 +25,8 @@ from loops.invokers import (
     Role,
     StepRecord,
 )
-from loops.models import LoopRun, RunStatus, StepStatus
+from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
+from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
 from loops.services import steps as step_services
 from loops.services.claims import Claimed
 from loops.services.locks import path_locks_acquire
@@ -302,12 +303,7 @@ async def _invoke(
         employee_username=employee,
         goal=run.goal,
         harness=_harness_for(run, role, employee),
-        context={
-            "plan": run.cursor.get("plan"),
-            "maker_outputs": run.cursor.get("maker_outputs", []),
-            "autonomy_level": run.autonomy_level,
-            "required_checks": run.policy.get("requiredChecks", []),
-        },
+        context=await driver.db(_context_for, run, role),
         inputs=run.inputs,
         workdir=run.cursor.get("workdir"),
     )
@@ -328,6 +324,25 @@ async def _invoke(
             code="error",
             reason=f"{name} invocation failed: {type(exc).__name__}: {str(exc)[:500]}",
         )
+
+
+def _context_for(run: RunState, role: Role) -> dict[str, Any]:
+    """What the invocation sees of earlier work, and the JSON shape its answer must have."""
+    context: dict[str, Any] = {
+        "plan": run.cursor.get("plan"),
+        "maker_outputs": run.cursor.get("maker_outputs", []),
+        "autonomy_level": run.autonomy_level,
+    }
+    if role == Role.LEADER:
+        context.update(response_format="json_schema", response_schema=PLAN_SCHEMA)
+    elif role == Role.VERIFIER:
+        context.update(
+            response_format="json_schema",
+            response_schema=VERDICT_SCHEMA,
+            required_checks=run.policy.get("requiredChecks", []),
+            artifacts=list(LoopArtifact.objects.filter(run_id=run.id).values("id", "kind", "name")),
+        )
+    return context
 
 
 def _enter_verification(lease: Lease, cursor: dict[str, Any]) -> None:
@@ -382,9 +397,22 @@ def _conclude_invocation(lease: Lease, run: RunState, outcome: InvocationOutcome
 
 
 def _conclude_verdict(lease: Lease, run: RunState, verdict: dict[str, Any]) -> None:
-    """pass → succeeded (L1) or waiting_human (L2/L3); reject → failed; else escalate."""
-    value = verdict.get("verdict")
-    fields: dict[str, Any] = {"cursor": run.cursor, "result": verdict}
+    """pass → succeeded (L1) or waiting_human (L2/L3); reject → failed; else escalate.
+
+    Missing required checks and evidence that is not an artifact of this run make the verdict
+    an escalation (``judge_verdict``)."""
+    artifact_ids = {
+        str(i) for i in LoopArtifact.objects.filter(run_id=run.id).values_list("id", flat=True)
+    }
+    value, problems = judge_verdict(
+        verdict,
+        required_checks=list(run.policy.get("requiredChecks", [])),
+        run_artifact_ids=artifact_ids,
+    )
+    fields: dict[str, Any] = {
+        "cursor": run.cursor,
+        "result": {**verdict, "effective_verdict": value, "problems": problems},
+    }
     if value == "pass" and run.autonomy_level == "L1":
         target, fields["terminal_reason"] = RunStatus.SUCCEEDED, "verified"
     elif value == "pass":
@@ -403,6 +431,6 @@ def _conclude_verdict(lease: Lease, run: RunState, verdict: dict[str, Any]) -> N
         actor=lease.owner,
         lease=lease,
         event_type="verification.verdict",
-        data={"verdict": value},
+        data={"verdict": verdict.get("verdict"), "effective": value, "problems": problems},
         fields=fields,
     )

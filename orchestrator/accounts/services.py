@@ -25,9 +25,7 @@ def user_ensure(*, username: str, roles: list[Role] | tuple[Role, ...] = ()) -> 
     return user
 
 
-def api_token_create(
-    *, user: User, name: str = "cli", expires_at: datetime | None = None
-) -> str:
+def api_token_create(*, user: User, name: str = "cli", expires_at: datetime | None = None) -> str:
     """Create a token for the user and return it; only its hash is stored."""
     token, prefix, secret_hash = generate_token()
     ApiToken.objects.create(

@@ -1,0 +1,1 @@
+"""AI employees and the model endpoints they call (the configuration side of the runtime)."""

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db import models
+
+from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
+from orchestrator.runtime.secrets import api_key_configured
+
+
+class FailoverRouteInline(admin.TabularInline[FailoverRoute, ModelEndpoint]):
+    model = FailoverRoute
+    fk_name = "source"
+    extra = 0
+    fields = ("priority", "target", "model", "params")
+    ordering = ("priority",)
+
+
+@admin.register(ModelEndpoint)
+class ModelEndpointAdmin(admin.ModelAdmin[ModelEndpoint]):
+    list_display = (
+        "name",
+        "provider",
+        "model",
+        "base_url",
+        "api_key_env",
+        "key_configured",
+        "max_retries",
+        "circuit_cooldown_seconds",
+    )
+    list_filter = ("provider",)
+    search_fields = ("name", "model", "base_url")
+    readonly_fields = ("created_at", "updated_at")
+    inlines = (FailoverRouteInline,)
+    # Django 5.x warns unless the scheme assumed for "host/path" input is chosen explicitly.
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    fieldsets = (
+        (None, {"fields": ("name", "provider", "base_url", "model", "script")}),
+        ("Credentials", {"fields": ("api_key_env",), "description": "Only the variable's name."}),
+        ("Parameters", {"fields": ("params", "context_window")}),
+        ("Cost", {"fields": ("input_price_per_token", "output_price_per_token")}),
+        (
+            "Resilience",
+            {"fields": ("max_retries", "timeout_seconds", "circuit_cooldown_seconds")},
+        ),
+        (None, {"fields": ("created_at", "updated_at")}),
+    )
+
+    @admin.display(boolean=True, description="key set")
+    def key_configured(self, endpoint: ModelEndpoint) -> bool:
+        return api_key_configured(endpoint.api_key_env)
+
+
+@admin.register(Employee)
+class EmployeeAdmin(admin.ModelAdmin[Employee]):
+    list_display = ("username", "display_name", "endpoint", "max_steps", "streaming")
+    list_filter = ("streaming", "stream_tool_call_check", "endpoint")
+    search_fields = ("username", "display_name")
+    list_select_related = ("endpoint",)
+    readonly_fields = ("created_at", "updated_at")

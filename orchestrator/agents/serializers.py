@@ -1,0 +1,180 @@
+"""API shapes of model endpoints and AI employees.
+
+Responses never contain an API key: only ``api_key_env`` (the variable's name) and
+``api_key_configured`` (whether that variable is set in this process). A request that tries to
+send a key is refused rather than silently ignored, so nobody believes it was stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from pydantic import ValidationError as PydanticValidationError
+from rest_framework import serializers
+
+from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
+from orchestrator.runtime.model_client import ModelParams
+from orchestrator.runtime.secrets import api_key_configured
+
+TOOL_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
+KEY_FIELDS = ("api_key", "apiKey", "key")
+
+
+def _openapi(schema: Any) -> Any:
+    """pydantic's JSON Schema → OpenAPI 3.0 (``anyOf [X, null]`` becomes ``X, nullable``)."""
+    if isinstance(schema, list):
+        return [_openapi(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _openapi(value) for key, value in schema.items()}
+    options = out.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options:
+        rest = [option for option in options if option != {"type": "null"}]
+        out.pop("anyOf")
+        out.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+        out["nullable"] = True
+    return out
+
+
+PARAMS_SCHEMA = _openapi(ModelParams.model_json_schema(by_alias=True))
+
+
+@extend_schema_field(PARAMS_SCHEMA)
+class ModelParamsField(serializers.Field[Any, Any, dict[str, Any], Any]):
+    """spec/001 ``params``, validated by pydantic; errors point at the offending parameter."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> ModelParams:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Expected an object of parameters.")
+        try:
+            return ModelParams.model_validate(data)
+        except PydanticValidationError as exc:
+            raise serializers.ValidationError(_pydantic_errors(exc)) from None
+
+    def to_representation(self, value: Any) -> dict[str, Any]:
+        return dict(value or {})
+
+
+def _pydantic_errors(exc: PydanticValidationError) -> dict[str, list[str]] | list[str]:
+    errors: dict[str, list[str]] = {}
+    general: list[str] = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        if not loc:
+            general.append(error["msg"].removeprefix("Value error, "))
+            continue
+        errors.setdefault(loc[0], []).append(f"{'.'.join(loc)}: {error['msg']}")
+    return errors or general
+
+
+def _refuse_keys(data: Any) -> None:
+    if isinstance(data, dict) and any(field in data for field in KEY_FIELDS):
+        raise serializers.ValidationError(
+            {"api_key": "API keys are not accepted; set api_key_env to an environment variable."}
+        )
+
+
+class FailoverRouteSerializer(serializers.ModelSerializer[FailoverRoute]):
+    endpoint = serializers.SlugRelatedField(
+        source="target", slug_field="name", queryset=ModelEndpoint.objects.all()
+    )
+    params = ModelParamsField(help_text="Parameter overrides for this hop.")
+
+    class Meta:
+        model = FailoverRoute
+        fields = ["endpoint", "model", "params"]
+        extra_kwargs = {"model": {"help_text": "Model override; empty keeps the target's."}}
+
+
+class ModelEndpointSerializer(serializers.ModelSerializer[ModelEndpoint]):
+    api_key_configured = serializers.SerializerMethodField(
+        help_text="Whether the api_key_env variable is set in this server process."
+    )
+    params = ModelParamsField()
+    failover = FailoverRouteSerializer(
+        source="failover_routes", many=True, required=False, help_text="In priority order."
+    )
+
+    class Meta:
+        model = ModelEndpoint
+        fields = [
+            "name",
+            "provider",
+            "base_url",
+            "model",
+            "api_key_env",
+            "api_key_configured",
+            "script",
+            "params",
+            "context_window",
+            "input_price_per_token",
+            "output_price_per_token",
+            "max_retries",
+            "timeout_seconds",
+            "circuit_cooldown_seconds",
+            "failover",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+        extra_kwargs = {
+            "max_retries": {"min_value": 0, "max_value": 10},
+            "timeout_seconds": {"min_value": 0.001},
+            "circuit_cooldown_seconds": {"min_value": 1},
+            "context_window": {"min_value": 1},
+            "input_price_per_token": {"min_value": 0},
+            "output_price_per_token": {"min_value": 0},
+        }
+
+    def get_api_key_configured(self, endpoint: ModelEndpoint) -> bool:
+        return api_key_configured(endpoint.api_key_env)
+
+    def to_internal_value(self, data: Any) -> Any:
+        _refuse_keys(data)
+        return super().to_internal_value(data)
+
+
+class EmployeeSerializer(serializers.ModelSerializer[Employee]):
+    endpoint = serializers.SlugRelatedField(
+        slug_field="name", queryset=ModelEndpoint.objects.all(), help_text="Model endpoint name."
+    )
+    params = ModelParamsField(help_text="Overrides of the endpoint's parameters.")
+    tools = serializers.ListField(
+        child=serializers.RegexField(TOOL_NAME), required=False, help_text="Tool names."
+    )
+
+    class Meta:
+        model = Employee
+        fields = [
+            "username",
+            "display_name",
+            "endpoint",
+            "system_prompt",
+            "params",
+            "max_steps",
+            "tools",
+            "tool_concurrency",
+            "tool_timeout_seconds",
+            "max_tool_output_length",
+            "streaming",
+            "stream_tool_call_check",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+        extra_kwargs = {
+            "max_steps": {"min_value": 1, "max_value": 1000},
+            "tool_concurrency": {"min_value": 1, "max_value": 64},
+            "tool_timeout_seconds": {"min_value": 0.001},
+            "max_tool_output_length": {"min_value": 1},
+        }
+
+    def validate_tools(self, tools: list[str]) -> list[str]:
+        if len(set(tools)) != len(tools):
+            raise serializers.ValidationError("Each tool may be listed once.")
+        return tools
