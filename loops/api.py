@@ -18,6 +18,7 @@ from loops import state
 from loops.models import LoopPattern, LoopRun, RunStatus
 from loops.serializers import (
     ActionSerializer,
+    ArtifactSerializer,
     EventSerializer,
     PatternSerializer,
     PatternUpdateSerializer,
@@ -161,6 +162,13 @@ class RunViewSet(
         steps: QuerySet[Any] = run.steps.order_by("seq")
         page = self.paginate_queryset(steps)
         return self.get_paginated_response(StepSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: ArtifactSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def artifacts(self, request: Request, pk: str | None = None) -> Response:
+        """The run's artifacts (the makers' diff, reports) in creation order."""
+        run = self.get_object()
+        return Response(ArtifactSerializer(run.artifacts.order_by("created_at"), many=True).data)
 
     @extend_schema(request=None, responses={201: RunSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsOperator])

@@ -351,3 +351,66 @@ __all__ = [
     "UsageBucket",
     "uuid7",
 ]
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class ActionApproval(models.Model):
+    """A gated tool call waiting for (or having had) a human decision.
+
+    ``proposal_hash`` binds the decision to exactly this call: tool name, canonical arguments,
+    run, step and harness version. ``executed_hash`` is written when the approved call runs, so
+    an audit can prove that what ran is what was approved (RELIABILITY.md A2).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="approvals")
+    step_seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=20)
+    invocation = models.CharField(max_length=100)
+    employee_username = models.CharField(max_length=150, blank=True, default="")
+    tool_name = models.CharField(max_length=200)
+    arguments = models.JSONField(default=dict)
+    reason = models.TextField(blank=True, default="")
+    proposal_hash = models.CharField(max_length=64)
+    policy_version = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(
+        max_length=10, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING
+    )
+    decided_input = models.JSONField(null=True, blank=True)
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True, default="")
+    approved_hash = models.CharField(max_length=64, blank=True, default="")
+    executed_hash = models.CharField(max_length=64, blank=True, default="")
+    executed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step_seq"], name="loops_approval_run_step"),
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in ApprovalStatus]),
+                name="loops_approval_status_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["expires_at"],
+                name="loops_approval_pending_expiry",
+                condition=Q(status="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} ({self.status}) for {self.run_id}"
+
+
+# --- Triggers: cron schedules and fires, event keys and deliveries ---------------------------

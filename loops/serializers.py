@@ -8,7 +8,9 @@ from rest_framework import serializers
 
 from loops import state
 from loops.models import (
+    ActionApproval,
     AutonomyLevel,
+    LoopArtifact,
     LoopEvent,
     LoopPattern,
     LoopRun,
@@ -112,3 +114,33 @@ class StepSerializer(serializers.ModelSerializer[LoopStep]):
             "duration_ms",
         ]  # fmt: skip
         read_only_fields = fields
+
+
+class ArtifactSerializer(serializers.ModelSerializer[LoopArtifact]):
+    class Meta:
+        model = LoopArtifact
+        fields = ["id", "kind", "name", "content_type", "content", "metadata", "created_at"]
+        read_only_fields = fields
+
+
+class ApprovalSerializer(serializers.ModelSerializer[ActionApproval]):
+    pattern = serializers.CharField(source="run.pattern.key", read_only=True)
+    goal = serializers.CharField(source="run.goal", read_only=True)
+
+    class Meta:
+        model = ActionApproval
+        fields = [
+            "id", "run", "pattern", "goal", "step_seq", "role", "invocation", "employee_username",
+            "tool_name", "arguments", "reason", "status", "policy_version", "proposal_hash",
+            "decided_input", "decided_by", "decided_at", "decision_reason", "approved_hash",
+            "executed_hash", "executed_at", "expires_at", "created_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class DecideSerializer(serializers.Serializer[Any]):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    input = serializers.JSONField(
+        required=False, allow_null=True, default=None, help_text="Edited tool arguments."
+    )
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)

@@ -31,8 +31,10 @@ def drive_run(run_id: str) -> None:
 
 @shared_task(name="loops.reap", ignore_result=True, time_limit=120, expires=30)
 def reap() -> None:
+    from loops.services.approvals import approvals_expire
     from loops.services.claims import runs_reap
 
+    approvals_expire()
     report = runs_reap()
     if report.requeued or report.failed or report.locks_freed:
         logger.info(
@@ -41,6 +43,13 @@ def reap() -> None:
             len(report.failed),
             report.locks_freed,
         )
+
+
+@shared_task(name="loops.notify_approvals", ignore_result=True, time_limit=60)
+def notify_approvals_task(approval_ids: list[str]) -> None:
+    from loops.services.notifications import deliver_approval_notifications
+
+    deliver_approval_notifications(approval_ids)
 
 
 @worker_ready.connect

@@ -183,7 +183,9 @@ LOOPWRIGHT: dict[str, Any] = {
     "DRIVER_DB_THREADS": env_int("LOOPWRIGHT_DRIVER_DB_THREADS", 4),
     "DRAIN_SECONDS": env_float("LOOPWRIGHT_DRAIN_SECONDS", 30.0),
     "LOCK_RETRY_SECONDS": env_float("LOOPWRIGHT_LOCK_RETRY_SECONDS", 2.0),
-    "INVOKER": os.environ.get("LOOPWRIGHT_INVOKER", "loops.invokers.UnavailableInvoker"),
+    "INVOKER": os.environ.get("LOOPWRIGHT_INVOKER", "orchestrator.agents.invoker.AgentInvoker"),
+    "APPROVAL_WEBHOOK_URL": os.environ.get("LOOPWRIGHT_APPROVAL_WEBHOOK_URL", ""),
+    "APPROVAL_EMAILS": os.environ.get("LOOPWRIGHT_APPROVAL_EMAILS", ""),
 }
 
 # --- REST framework ---------------------------------------------------------------------------
@@ -218,6 +220,16 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "loops.models.RunStatus"},
 }
+
+# E-mail (approval notifications): Django's SMTP backend when EMAIL_HOST is set.
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "loopwright@localhost")
+if not EMAIL_HOST:
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 LOGGING = {
     "version": 1,

@@ -61,6 +61,12 @@ def step_complete(
     """Record a step's result; a stale holder's result is refused by the fence."""
     fenced_touch(lease)
     step = LoopStep.objects.select_for_update().get(run_id=lease.run_id, seq=seq)
+    if step.status == StepStatus.APPROVED:
+        from loops.services.approvals import approval_record_execution
+
+        approval_record_execution(
+            run_id=lease.run_id, step_seq=seq, arguments=step.request.get("arguments")
+        )
     now = timezone.now()
     step.status = StepStatus.FAILED if error else StepStatus.COMPLETED
     step.response = response

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from loops.invokers import (
@@ -28,9 +28,11 @@ from loops.invokers import (
 from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
 from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
 from loops.services import steps as step_services
+from loops.services.approvals import approvals_open
 from loops.services.claims import Claimed
 from loops.services.locks import path_locks_acquire
 from loops.services.transitions import Lease, run_transition, run_update_fenced
+from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
 
 if TYPE_CHECKING:
     from loops.worker.driver import RunDriver
@@ -184,8 +186,29 @@ def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
         if conflicts:
             return _park_for_lock(lease, run, conflicts, lock_retry_seconds)
     target = RunStatus.VERIFYING if run.cursor.get("phase") == "verifier" else RunStatus.RUNNING
+    fields: dict[str, Any] = {}
+    if "workdir" not in run.cursor:
+        try:
+            run.cursor["workdir"] = workspace_ensure(run.id, run.repository)
+        except WorkspaceError as exc:
+            run_transition(
+                run_id=run.id,
+                to=RunStatus.FAILED,
+                actor=lease.owner,
+                lease=lease,
+                event_type="workspace.failed",
+                fields={"terminal_reason": "workspace_error", "failure_reason": str(exc)},
+            )
+            return RunStatus.FAILED.value
+        fields["cursor"] = run.cursor
     run_transition(
-        run_id=run.id, to=target, actor=lease.owner, lease=lease, event_type="run.started"
+        run_id=run.id,
+        to=target,
+        actor=lease.owner,
+        lease=lease,
+        event_type="run.started",
+        fields=fields,
+        data={"workdir": run.cursor["workdir"]} if fields else {},
     )
     return target.value
 
@@ -274,11 +297,11 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
         role, name, employee = step
         if role == Role.VERIFIER and status == RunStatus.RUNNING.value:
             run.cursor["phase"] = "verifier"
-            await driver.db(_enter_verification, lease, run.cursor)
+            await driver.db(_enter_verification, lease, run.cursor, run.repository)
             status = RunStatus.VERIFYING.value
         outcome = await _invoke(driver, lease, run, role, name, employee)
         if outcome.kind != OutcomeKind.COMPLETED:
-            await driver.db(_conclude_invocation, lease, run, outcome)
+            await driver.db(_conclude_invocation, lease, run, outcome, step)
             return
         run.cursor = _advance_cursor(run, role, outcome.output)
         if role == Role.VERIFIER:
@@ -332,6 +355,7 @@ def _context_for(run: RunState, role: Role) -> dict[str, Any]:
         "plan": run.cursor.get("plan"),
         "maker_outputs": run.cursor.get("maker_outputs", []),
         "autonomy_level": run.autonomy_level,
+        "auto_allowlist": (run.policy.get("approvals") or {}).get("autoAllowlist", []),
     }
     if role == Role.LEADER:
         context.update(response_format="json_schema", response_schema=PLAN_SCHEMA)
@@ -345,7 +369,18 @@ def _context_for(run: RunState, role: Role) -> dict[str, Any]:
     return context
 
 
-def _enter_verification(lease: Lease, cursor: dict[str, Any]) -> None:
+def _enter_verification(lease: Lease, cursor: dict[str, Any], repository: dict[str, Any]) -> None:
+    """Store the makers' diff as an artifact (the verifier's evidence), then start verifying."""
+    diff = workspace_diff(lease.run_id, repository)
+    if diff and not LoopArtifact.objects.filter(run_id=lease.run_id, kind="diff").exists():
+        LoopArtifact.objects.create(
+            run_id=lease.run_id,
+            kind="diff",
+            name="changes.diff",
+            content_type="text/x-diff",
+            content=diff,
+            metadata={"baseRef": repository.get("baseRef", "")},
+        )
     run_transition(
         run_id=lease.run_id,
         to=RunStatus.VERIFYING,
@@ -376,7 +411,10 @@ _OUTCOME_TARGET = {
 }
 
 
-def _conclude_invocation(lease: Lease, run: RunState, outcome: InvocationOutcome) -> None:
+@transaction.atomic
+def _conclude_invocation(
+    lease: Lease, run: RunState, outcome: InvocationOutcome, step: tuple[Role, str, str]
+) -> None:
     if outcome.code == "__parked__":
         return  # already re-queued by _park_for_retry
     target, event_type = _OUTCOME_TARGET[outcome.kind]
@@ -394,6 +432,15 @@ def _conclude_invocation(lease: Lease, run: RunState, outcome: InvocationOutcome
         data={"code": outcome.code, "reason": outcome.reason, **outcome.output},
         fields=fields,
     )
+    if outcome.kind == OutcomeKind.NEEDS_APPROVAL:
+        role, invocation, employee = step
+        approvals_open(
+            lease=lease,
+            role=role.value,
+            invocation=invocation,
+            employee=employee,
+            gated=list(outcome.output.get("gated") or []),
+        )
 
 
 def _conclude_verdict(lease: Lease, run: RunState, verdict: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from loops.invokers import InvocationRequest, Role
 
 #: Context keys that steer the loop itself rather than inform the model.
-FORMAT_KEYS = frozenset({"response_format", "response_schema"})
+FORMAT_KEYS = frozenset({"response_format", "response_schema", "auto_allowlist"})
 
 _ROLE_TEXT = {
     Role.LEADER: (

@@ -1,0 +1,70 @@
+"""Approvals API: the pending queue across runs and the one decision each approval takes."""
+
+from __future__ import annotations
+
+import uuid
+
+import django_filters
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from loops.models import ActionApproval, ApprovalStatus
+from loops.serializers import ApprovalSerializer, DecideSerializer
+from loops.services.approvals import approval_decide
+from orchestrator.accounts.permissions import IsViewer
+
+
+class ApprovalFilter(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=ApprovalStatus.choices)
+    pattern = django_filters.CharFilter(field_name="run__pattern__key")
+    run = django_filters.UUIDFilter(field_name="run_id")
+
+    class Meta:
+        model = ActionApproval
+        fields = ["status", "pattern", "run"]
+
+
+class ApprovalViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[ActionApproval]
+):
+    """Gated tool calls, oldest first. Deciding needs the approver role (or being a listed
+    approver of the run's pattern)."""
+
+    queryset = ActionApproval.objects.select_related("run__pattern").order_by("created_at")
+    serializer_class = ApprovalSerializer
+    permission_classes = [IsViewer]
+    filterset_class = ApprovalFilter
+
+    def get_object(self) -> ActionApproval:
+        try:
+            uuid.UUID(str(self.kwargs.get("pk")))
+        except ValueError as exc:
+            raise ValidationError({"id": ["Not a valid approval id (a UUID)."]}) from exc
+        return super().get_object()
+
+    @extend_schema(
+        request=DecideSerializer,
+        responses={200: ApprovalSerializer},
+        description=(
+            "Approve (optionally with edited `input`, validated against the tool's schema and "
+            "re-checked against the run's policy) or reject with a `reason`. A second decision "
+            "is 409; a user who may not decide gets 403."
+        ),
+    )
+    @action(detail=True, methods=["post"])
+    def decide(self, request: Request, pk: str | None = None) -> Response:
+        approval = self.get_object()
+        body = DecideSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        decided = approval_decide(
+            approval_id=approval.id,
+            user=request.user,
+            decision=body.validated_data["decision"],
+            input=body.validated_data["input"],
+            reason=body.validated_data["reason"],
+        )
+        return Response(ApprovalSerializer(decided).data)

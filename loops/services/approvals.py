@@ -1,0 +1,291 @@
+"""Approvals: a gated tool call waits for a human; the decision binds exactly that call.
+
+Life of an approval: the engine opens one per gated step when the run parks in
+``waiting_approval`` (same transaction). ``approval_decide`` records the decision once (the row
+is locked; a second decision is a 409), rewrites the gated step — ``approved`` with the final
+arguments and an idempotency key naming the approval, or ``completed`` with the rejection as
+the tool's result — and re-queues the run when nothing is pending any more. The reaper expires
+approvals past their deadline: the model is told the request *timed out*, never that a human
+denied it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+
+from loops.models import (
+    ActionApproval,
+    ApprovalStatus,
+    LoopRun,
+    LoopStep,
+    RunStatus,
+    StepStatus,
+)
+from loops.services.transitions import Lease, run_transition
+from orchestrator.accounts.roles import Role, has_role
+from orchestrator.errors import Conflict, DomainError, InvalidInput
+
+
+class NotAnApprover(DomainError):
+    status_code = 403
+    problem_type = "forbidden"
+    title = "Forbidden"
+
+
+def canonical_hash(*parts: Any) -> str:
+    """SHA-256 of the canonical JSON of ``parts`` (sorted keys, no whitespace)."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _role_snapshot(run: LoopRun, role: str, employee: str) -> dict[str, Any]:
+    snaps = run.harness_snapshots or {}
+    if role == "maker":
+        return dict((snaps.get("makers") or {}).get(employee) or {})
+    return dict(snaps.get(role) or {})
+
+
+def _policy_version(snapshot: dict[str, Any]) -> str:
+    profile = snapshot.get("profile") or {}
+    return f"{profile.get('tag', '?')}@{profile.get('version', '?')}"
+
+
+def approvals_open(
+    *, lease: Lease, role: str, invocation: str, employee: str, gated: list[dict[str, Any]]
+) -> list[ActionApproval]:
+    """Open one approval per gated call (idempotent). Call inside the parking transaction."""
+    run = LoopRun.objects.get(pk=lease.run_id)
+    snapshot = _role_snapshot(run, role, employee)
+    timeout = (run.policy_snapshot.get("approvals") or {}).get("timeoutSeconds")
+    expires_at = timezone.now() + timedelta(seconds=timeout) if timeout else None
+    opened = []
+    for call in gated:
+        seq = int(call["seq"])
+        if ActionApproval.objects.filter(run=run, step_seq=seq).exists():
+            continue  # a resumed step that is still waiting: its approval is already open
+        arguments = call.get("arguments") or {}
+        opened.append(
+            ActionApproval.objects.create(
+                run=run,
+                step_seq=seq,
+                role=role,
+                invocation=invocation,
+                employee_username=employee,
+                tool_name=call["tool"],
+                arguments=arguments,
+                reason=call.get("reason", ""),
+                proposal_hash=canonical_hash(
+                    call["tool"], arguments, str(run.id), seq, _policy_version(snapshot)
+                ),
+                policy_version=_policy_version(snapshot),
+                expires_at=expires_at,
+            )
+        )
+    if opened:
+        from loops.services.notifications import notify_approvals
+
+        notify_approvals([a.id for a in opened])
+    return opened
+
+
+def _may_decide(user: Any, run: LoopRun) -> bool:
+    if has_role(user, Role.APPROVER):
+        return True
+    approvers = (run.policy_snapshot.get("approvals") or {}).get("approvers") or []
+    return bool(getattr(user, "is_authenticated", False)) and user.username in approvers
+
+
+def _checked_input(approval: ActionApproval, run: LoopRun, edited: Any) -> dict[str, Any]:
+    """The arguments that will run: validated against the tool's schema and re-checked
+    against the run's harness snapshot (a denied tool can never be approved into running)."""
+    from harness.planner import plan_tools
+    from orchestrator.agents.invoker import tool_spec
+
+    spec = tool_spec(approval.tool_name)
+    if spec is None:
+        raise Conflict(f"Tool {approval.tool_name!r} no longer exists; it cannot be approved.")
+    arguments = approval.arguments if edited is None else edited
+    if not isinstance(arguments, dict):
+        raise InvalidInput(
+            "input must be a JSON object of tool arguments.",
+            errors=[{"pointer": "/input", "detail": "must be an object", "code": "type"}],
+        )
+    errors = [
+        {
+            "pointer": "/input/" + "/".join(str(p) for p in e.absolute_path),
+            "detail": e.message,
+            "code": str(e.validator),
+        }
+        for e in Draft202012Validator(spec.parameters).iter_errors(arguments)
+    ]
+    if errors:
+        raise InvalidInput(
+            f"The edited input does not fit {approval.tool_name}: {errors[0]['detail']}",
+            errors=errors,
+        )
+    settings = _role_snapshot(run, approval.role, approval.employee_username).get("settings")
+    decision = plan_tools(settings, [spec]).decision(spec.name) if settings else "deny"
+    if approval.role == "leader" and spec.effect != "read":
+        decision = "deny"
+    if decision == "deny":
+        raise Conflict(f"The run's policy denies {approval.tool_name!r}; it cannot be approved.")
+    return arguments
+
+
+def _rewrite_step(
+    approval: ActionApproval, *, arguments: dict[str, Any] | None, content: str
+) -> None:
+    step = LoopStep.objects.select_for_update().get(run_id=approval.run_id, seq=approval.step_seq)
+    if step.status != StepStatus.GATED:
+        raise Conflict(f"The gated call is already '{step.status}'.")
+    if arguments is not None:
+        step.status = StepStatus.APPROVED
+        step.request = {**step.request, "arguments": arguments, "approval_id": str(approval.id)}
+        step.idempotency_key = f"{step.idempotency_key}:approval:{approval.id}"
+        step.save(update_fields=["status", "request", "idempotency_key"])
+        return
+    step.status = StepStatus.COMPLETED
+    step.response = {"content": content, "decision": approval.status}
+    step.finished_at = timezone.now()
+    step.save(update_fields=["status", "response", "finished_at"])
+
+
+def _resume_if_settled(run: LoopRun, actor: str) -> None:
+    if ActionApproval.objects.filter(run=run, status=ApprovalStatus.PENDING).exists():
+        return
+    run_transition(
+        run_id=run.id,
+        to=RunStatus.QUEUED,
+        actor=actor,
+        event_type="approval.resumed",
+        expected_from=[RunStatus.WAITING_APPROVAL],
+    )
+
+
+@transaction.atomic
+def approval_decide(
+    *, approval_id: uuid.UUID, user: Any, decision: str, input: Any = None, reason: str = ""
+) -> ActionApproval:
+    """Approve (optionally with edited input) or reject, exactly once."""
+    approval = ActionApproval.objects.select_for_update().select_related("run").get(pk=approval_id)
+    run = LoopRun.objects.select_for_update().get(pk=approval.run_id)
+    if not _may_decide(user, run):
+        raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
+    if approval.status != ApprovalStatus.PENDING:
+        raise Conflict(
+            f"This approval was already decided: {approval.status}.", current_status=approval.status
+        )
+    if run.status != RunStatus.WAITING_APPROVAL:
+        raise Conflict(
+            f"The run is '{run.status}', not waiting for approval.", current_status=run.status
+        )
+    actor = user.username
+    final: dict[str, Any] | None = None
+    if decision == "approve":
+        final = _checked_input(approval, run, input)
+        approval.status = ApprovalStatus.APPROVED
+        approval.decided_input = input if input is not None else None
+        approval.approved_hash = canonical_hash(
+            approval.tool_name, final, str(run.id), approval.step_seq, approval.policy_version
+        )
+    else:
+        approval.status = ApprovalStatus.REJECTED
+    approval.decided_by, approval.decided_at, approval.decision_reason = (
+        actor,
+        timezone.now(),
+        reason,
+    )
+    approval.save()
+    rejected = (
+        f"Rejected by {actor}" + (f": {reason}" if reason else "") + ". The call was not executed."
+    )
+    _rewrite_step(approval, arguments=final, content=rejected)
+    from loops.services.transitions import run_event_append
+
+    run_event_append(
+        run_id=run.id,
+        type=f"approval.{approval.status}",
+        actor=actor,
+        data={
+            "approval": str(approval.id),
+            "tool": approval.tool_name,
+            "edited": input is not None,
+            "reason": reason,
+        },
+    )
+    _resume_if_settled(run, actor)
+    return approval
+
+
+def approval_record_execution(*, run_id: uuid.UUID, step_seq: int, arguments: Any) -> None:
+    """Audit: the hash of what actually ran for an approved call (inside the step's transaction)."""
+    approval = ActionApproval.objects.filter(run_id=run_id, step_seq=step_seq).first()
+    if approval is None or approval.status != ApprovalStatus.APPROVED:
+        return
+    approval.executed_hash = canonical_hash(
+        approval.tool_name, arguments, str(run_id), step_seq, approval.policy_version
+    )
+    approval.executed_at = timezone.now()
+    approval.save(update_fields=["executed_hash", "executed_at"])
+
+
+def approvals_expire(*, limit: int = 200) -> int:
+    """Time out pending approvals past their deadline (the reaper calls this)."""
+    due = list(
+        ActionApproval.objects.filter(
+            status=ApprovalStatus.PENDING, expires_at__lt=timezone.now()
+        ).values_list("id", flat=True)[:limit]
+    )
+    for approval_id in due:
+        _expire_one(approval_id)
+    return len(due)
+
+
+@transaction.atomic
+def _expire_one(approval_id: uuid.UUID) -> None:
+    approval = ActionApproval.objects.select_for_update().get(pk=approval_id)
+    if approval.status != ApprovalStatus.PENDING:
+        return
+    run = LoopRun.objects.select_for_update().get(pk=approval.run_id)
+    approval.status, approval.decided_by, approval.decided_at = (
+        ApprovalStatus.EXPIRED,
+        "timeout",
+        timezone.now(),
+    )
+    approval.save(update_fields=["status", "decided_by", "decided_at"])
+    _rewrite_step(
+        approval,
+        arguments=None,
+        content="The approval request timed out before anyone decided; the call was not executed.",
+    )
+    if run.status != RunStatus.WAITING_APPROVAL:
+        return
+    on_timeout = (run.policy_snapshot.get("approvals") or {}).get("onTimeout", "reject")
+    if on_timeout == "escalate":
+        run_transition(
+            run_id=run.id,
+            to=RunStatus.WAITING_HUMAN,
+            actor="timeout",
+            event_type="approval.expired",
+            data={"approval": str(approval.id), "then": "escalate"},
+        )
+        return
+    from loops.services.transitions import run_event_append
+
+    run_event_append(
+        run_id=run.id, type="approval.expired", actor="timeout", data={"approval": str(approval.id)}
+    )
+    _resume_if_settled(run, "timeout")
+
+
+def approvals_pending() -> QuerySet[ActionApproval]:
+    return ActionApproval.objects.filter(status=ApprovalStatus.PENDING).order_by("created_at")

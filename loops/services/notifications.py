@@ -1,0 +1,77 @@
+"""Announce new pending approvals: an outgoing webhook (JSON with a deep link and a
+Slack-compatible ``text``) and e-mail through Django's e-mail backend, when configured.
+
+Sent from a Celery task after the transaction commits, so a slow or failing receiver never
+delays a run; delivery is best effort and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+
+from loops.models import ActionApproval
+
+logger = logging.getLogger(__name__)
+
+
+def notify_approvals(approval_ids: list[uuid.UUID]) -> None:
+    if not (settings.LOOPWRIGHT["APPROVAL_WEBHOOK_URL"] or settings.LOOPWRIGHT["APPROVAL_EMAILS"]):
+        return
+    ids = [str(i) for i in approval_ids]
+
+    def send() -> None:
+        from loops.tasks import notify_approvals_task
+
+        try:
+            notify_approvals_task.apply_async(args=(ids,), retry=False)
+        except Exception as exc:  # broker down: the approval is still visible in the UI and API
+            logger.warning("could not queue approval notification: %s", type(exc).__name__)
+
+    transaction.on_commit(send)
+
+
+def approval_message(approval: ActionApproval) -> dict[str, Any]:
+    link = f"{settings.PUBLIC_URL}/approvals/{approval.id}"
+    text = (
+        f"Approval needed: {approval.role} {approval.employee_username} wants to run "
+        f"`{approval.tool_name}` in run {approval.run_id} ({approval.reason}). {link}"
+    )
+    return {
+        "text": text,
+        "approval": {
+            "id": str(approval.id),
+            "run": str(approval.run_id),
+            "tool": approval.tool_name,
+            "reason": approval.reason,
+            "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
+        },
+        "url": link,
+    }
+
+
+def deliver_approval_notifications(approval_ids: list[str]) -> None:
+    import httpx2
+
+    webhook = settings.LOOPWRIGHT["APPROVAL_WEBHOOK_URL"]
+    emails = [e for e in settings.LOOPWRIGHT["APPROVAL_EMAILS"].split(",") if e.strip()]
+    for approval in ActionApproval.objects.filter(id__in=approval_ids):
+        message = approval_message(approval)
+        if webhook:
+            try:
+                httpx2.post(webhook, json=message, timeout=10).raise_for_status()
+            except Exception as exc:  # best effort; never fails the run
+                logger.warning("approval webhook failed: %s", type(exc).__name__)
+        if emails:
+            send_mail(
+                subject=f"[Loopwright] approval needed: {approval.tool_name}",
+                message=message["text"],
+                from_email=None,
+                recipient_list=emails,
+                fail_silently=True,
+            )

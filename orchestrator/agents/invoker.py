@@ -1,0 +1,126 @@
+"""The production :class:`~loops.invokers.RoleInvoker`: the durable tool loop, configured per
+invocation from the AI employee's row and the run's harness snapshot.
+
+The employee is read once per invocation (off the event loop); the tool plan comes from the
+role's compiled harness snapshot, so a published policy change never affects a running run.
+The leader only ever gets read-effect tools (it plans and changes nothing, DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from harness.planner import plan_tools
+from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, Role, StepJournal
+from orchestrator.agents.models import Employee
+from orchestrator.agents.runtime import employee_get, model_client_for_employee
+from orchestrator.errors import NotFound
+from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
+from orchestrator.runtime.policy import ToolPolicy
+from orchestrator.runtime.prompts import default_system_prompt
+from orchestrator.runtime.tools import (
+    DirectoryLedger,
+    FileToolConfig,
+    ToolRegistry,
+    builtin_registry,
+)
+from orchestrator.runtime.types import Effect, ModelClient, ToolSpec
+
+
+@dataclass(frozen=True)
+class EmployeeProfile:
+    """What one invocation needs from the employee's rows, read once."""
+
+    username: str
+    system_prompt: str
+    tools: tuple[str, ...]
+    loop_settings: LoopSettings
+    client: ModelClient
+
+
+def _load_profile(username: str) -> EmployeeProfile:
+    try:
+        employee: Employee = employee_get(username=username)
+        return EmployeeProfile(
+            username=employee.username,
+            system_prompt=employee.system_prompt,
+            tools=tuple(employee.tools or ()),
+            loop_settings=LoopSettings(
+                max_steps=employee.max_steps,
+                tool_concurrency=employee.tool_concurrency,
+                tool_timeout_seconds=employee.tool_timeout_seconds,
+                max_tool_output_chars=employee.max_tool_output_length,
+                context_window_tokens=employee.endpoint.context_window,
+            ),
+            client=model_client_for_employee(employee),
+        )
+    finally:
+        connection.close()  # a worker thread of asyncio.to_thread: do not keep connections
+
+
+def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolPolicy:
+    """The harness plan of this role's snapshot over the employee's tools."""
+    harness_settings = (request.harness or {}).get("settings")
+    if harness_settings is None:
+        # No snapshot means no policy: deny everything rather than guess.
+        return ToolPolicy.from_decisions({s.name: ("deny", "no harness snapshot") for s in specs})
+    if request.role == Role.LEADER:
+        specs = [s for s in specs if s.effect == Effect.READ]
+    decisions: dict[str, Any] = plan_tools(harness_settings, specs).decisions()
+    # The pattern's autoAllowlist skips the human gate, never a deny.
+    for name in request.context.get("auto_allowlist") or []:
+        if name in decisions and _decision_of(decisions[name]) == "ask":
+            decisions[name] = ("allow", "in the pattern's autoAllowlist")
+    return ToolPolicy.from_decisions(decisions)
+
+
+def _decision_of(value: Any) -> str:
+    return str(value[0] if isinstance(value, tuple) else value)
+
+
+_BUILTIN_SPECS = {spec.name: spec for spec in builtin_registry().specs()}
+
+
+def tool_spec(name: str) -> ToolSpec | None:
+    """The declared spec of a tool (name, schema, effect), for approval re-checks."""
+    return _BUILTIN_SPECS.get(name)
+
+
+class AgentInvoker:
+    """The tool loop with each employee's model, prompt, tools and limits."""
+
+    def __init__(self, tools: ToolRegistry | None = None) -> None:
+        ledger = DirectoryLedger(settings.VAR_DIR / "tool-ledger")
+        self.tools = tools or builtin_registry(FileToolConfig(ledger=ledger))
+
+    @classmethod
+    def build(cls) -> AgentInvoker:
+        return cls()
+
+    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+        try:
+            profile = await asyncio.to_thread(_load_profile, request.employee_username)
+        except NotFound as exc:
+            return InvocationOutcome(
+                kind=OutcomeKind.FAILED, code="unknown_employee", reason=exc.detail
+            )
+        specs = [tool.spec for name in profile.tools if (tool := self.tools.get(name)) is not None]
+        policy = role_tool_policy(request, specs)
+        loop = ToolLoopInvoker(
+            model_clients=lambda _username: profile.client,
+            tools=self.tools,
+            policy=lambda _request: policy,
+            settings=profile.loop_settings,
+            system_prompt=lambda req: _system_prompt(profile, req),
+        )
+        return await loop.invoke(request, journal)
+
+
+def _system_prompt(profile: EmployeeProfile, request: InvocationRequest) -> str:
+    base = default_system_prompt(request)
+    return f"{profile.system_prompt}\n\n{base}" if profile.system_prompt else base
