@@ -7,6 +7,7 @@ and ``REDIS_URL`` (Redis). Every variable is listed in the README.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -187,6 +188,11 @@ LOOPWRIGHT: dict[str, Any] = {
     "APPROVAL_WEBHOOK_URL": os.environ.get("LOOPWRIGHT_APPROVAL_WEBHOOK_URL", ""),
     "APPROVAL_EMAILS": os.environ.get("LOOPWRIGHT_APPROVAL_EMAILS", ""),
 }
+
+#: Hard ceilings of every harness compilation (JSON, same schema as a profile's settings).
+LOOPWRIGHT_HARNESS_PLATFORM: dict[str, Any] = json.loads(
+    os.environ.get("LOOPWRIGHT_HARNESS_PLATFORM") or "{}"
+)
 
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
