@@ -1,0 +1,48 @@
+"""The sandbox that Skill Hub skills (and the agent's ``bash`` tool) run in.
+
+Pure Python, no Django. ``run_sandboxed(SandboxRequest(...))`` runs one Python or Node.js
+program under bubblewrap (namespaces, read-only system binds, one writable directory, a seccomp
+deny-list) with rlimits, a wall-clock timeout that kills the whole process tree, and streamed
+output caps. See docs/sandbox.md for the threat model and what is and is not contained.
+"""
+
+from __future__ import annotations
+
+from skillhub.sandbox.config import SandboxConfig
+from skillhub.sandbox.probe import BackendProbe, probe_backend
+from skillhub.sandbox.runner import run_sandboxed, run_sandboxed_async, sandbox_reap_stale
+from skillhub.sandbox.types import (
+    Backend,
+    KilledReason,
+    Language,
+    Network,
+    OutputFile,
+    SandboxBusy,
+    SandboxError,
+    SandboxLimits,
+    SandboxRequest,
+    SandboxRequestError,
+    SandboxResult,
+    SandboxUnavailable,
+)
+
+__all__ = [
+    "Backend",
+    "BackendProbe",
+    "KilledReason",
+    "Language",
+    "Network",
+    "OutputFile",
+    "SandboxBusy",
+    "SandboxConfig",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxRequest",
+    "SandboxRequestError",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "probe_backend",
+    "run_sandboxed",
+    "run_sandboxed_async",
+    "sandbox_reap_stale",
+]
