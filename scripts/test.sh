@@ -7,6 +7,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh || exit 1
+if [ "$(id -u)" = 0 ]; then
+  scripts/install-system-deps.sh || exit 1  # bubblewrap & co. for the sandbox tests
+else
+  echo "note: not root; system packages (scripts/install-system-deps.sh) are not installed" >&2
+fi
 export PATH="$PWD/.venv/bin:$PATH"
 PG_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/loopwright}"
 REDIS_BASE="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"
