@@ -7,8 +7,9 @@ demo:  ## install what is missing, migrate, seed the demo, start web + worker + 
 test:  ## lint, types, and the whole test suite on SQLite and on PostgreSQL + Redis
 	@scripts/test.sh
 
-bench:  ## every benchmark, printed as a table (JSON under bench/results/)
-	@scripts/bootstrap.sh && .venv/bin/python -m bench
+bench:  ## every benchmark, printed as a table (JSON under bench/results/); installs the peer
+	@scripts/bootstrap.sh && UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync --frozen --inexact \
+		--extra dev --extra bench --python .venv/bin/python --quiet && .venv/bin/python -m bench
 
 lint:
 	@scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy .

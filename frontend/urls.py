@@ -1,7 +1,57 @@
+"""Routes of the operator UI (mounted at "/"). Every view is guarded in ``frontend.access``."""
+
 from __future__ import annotations
 
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import path, re_path
 
-from frontend import views
+from frontend import streams
+from frontend.views import agents, patterns, policies, runs
 
-urlpatterns = [path("", views.home, name="home")]
+app_name = "ui"
+_ACTIONS = "pause|resume|cancel|escalate|accept"
+
+urlpatterns = [
+    path("", runs.monitor, name="monitor"),
+    path(
+        "login",
+        auth_views.LoginView.as_view(
+            template_name="frontend/login.html",
+            redirect_authenticated_user=True,
+            next_page="ui:monitor",
+        ),
+        name="login",
+    ),
+    path("logout", auth_views.LogoutView.as_view(next_page="ui:login"), name="logout"),
+    # Runs
+    path("runs/<str:run_id>", runs.run_detail, name="run"),
+    re_path(
+        rf"^runs/(?P<run_id>[^/]+)/(?P<action>{_ACTIONS})$", runs.run_action, name="run-action"
+    ),
+    path("runs/<str:run_id>/retry", runs.run_retry_view, name="run-retry"),
+    # Patterns
+    path("patterns", patterns.pattern_list, name="patterns"),
+    path("patterns/new", patterns.pattern_create_view, name="pattern-create"),
+    path("patterns/<slug:key>", patterns.pattern_detail, name="pattern"),
+    path("patterns/<slug:key>/edit", patterns.pattern_edit_view, name="pattern-edit"),
+    path("patterns/<slug:key>/trigger", patterns.pattern_trigger_view, name="pattern-trigger"),
+    # Policy profiles
+    path("policies", policies.policy_list, name="policies"),
+    path("policies/compile", policies.policy_compile, name="policy-compile"),
+    path("policies/<slug:tag>", policies.policy_detail, name="policy"),
+    path(
+        "policies/<slug:tag>/versions/<int:version>",
+        policies.policy_version,
+        name="policy-version",
+    ),
+    path("policies/<slug:tag>/diff", policies.policy_diff, name="policy-diff"),
+    path("policies/<slug:tag>/draft", policies.policy_draft, name="policy-draft"),
+    path("policies/<slug:tag>/publish", policies.policy_publish, name="policy-publish"),
+    # Employees and model endpoints
+    path("employees", agents.employee_list, name="employees"),
+    path("employees/<slug:username>", agents.employee_detail, name="employee"),
+    path("endpoints/<slug:name>", agents.endpoint_detail, name="endpoint"),
+    # Live updates (server-sent events)
+    path("ui/stream/runs", streams.runs_stream, name="stream-runs"),
+    path("ui/stream/runs/<str:run_id>", streams.run_stream, name="stream-run"),
+]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
 
 
+@require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
     """The process is up and can reach its database."""
     try:

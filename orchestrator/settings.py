@@ -155,7 +155,7 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = True
 MEDIA_ROOT = VAR_DIR / "media"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login"
 
 # --- Redis, Celery, channel layer -------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")

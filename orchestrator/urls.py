@@ -6,10 +6,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from orchestrator.health import healthz
 
-handler400 = "orchestrator.errors.handler400"
-handler403 = "orchestrator.errors.handler403"
-handler404 = "orchestrator.errors.handler404"
-handler500 = "orchestrator.errors.handler500"
+# HTML for people on UI paths, problem+json for the API and scripts (content-negotiated).
+handler400 = "frontend.errors.handler400"
+handler403 = "frontend.errors.handler403"
+handler404 = "frontend.errors.handler404"
+handler500 = "frontend.errors.handler500"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

@@ -17,6 +17,8 @@ fi
 stamp=.venv/.synced-$(sha256sum uv.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "==> installing locked dependencies (uv.lock)"
-  UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync --frozen --extra dev --python .venv/bin/python --quiet
+  # --inexact keeps optional extras (e.g. `make bench`'s peer) that are already installed.
+  UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync --frozen --inexact --extra dev ${EXTRAS:-} \
+    --python .venv/bin/python --quiet
   rm -f .venv/.synced-* && touch "$stamp"
 fi

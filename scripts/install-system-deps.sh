@@ -8,9 +8,10 @@
 #   coreutils     nice
 #   python3       the interpreter Python skills run with (/usr/bin/python3)
 #   nodejs        the interpreter Node.js skills run with (/usr/bin/node), only if no node exists
+#   chromium      the browser of the UI tests (Playwright drives Debian's build; no downloads)
 set -euo pipefail
 
-packages=(bubblewrap libseccomp2 util-linux coreutils)
+packages=(bubblewrap libseccomp2 util-linux coreutils chromium)
 missing=()
 
 installed() {

@@ -48,3 +48,14 @@ def viewer_client(api_client_for: Callable[[str], APIClient]) -> APIClient:
 @pytest.fixture
 def admin_client_api(api_client_for: Callable[[str], APIClient]) -> APIClient:
     return api_client_for("admin")
+
+
+@pytest.fixture
+def seeded_profiles(transactional_db: None) -> None:
+    """The harness profiles of the seed migration, for transactional tests: the flush between
+    such tests deletes migration data, so seed again (the seed function is idempotent)."""
+    import importlib
+
+    from django.apps import apps as django_apps
+
+    importlib.import_module("harness.migrations.0002_seed_profiles").seed(django_apps, None)

@@ -16,8 +16,11 @@ from loops.models import ActionApproval, LoopArtifact, LoopRun, RunStatus
 from tests.e2e.conftest import start_worker
 from tests.support.workers import WorkerProcess, wait_for
 
-# serialized_rollback: the flush between transactional tests would drop the seeded profiles.
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("seeded_profiles"),
+]
 AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
 
 

@@ -1,0 +1,411 @@
+"""Read-only queries behind the UI's pages and live streams. Nothing here writes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, DecimalField, IntegerField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.http import Http404
+
+from harness.models import HarnessProfile, HarnessProfileVersion
+from harness.selectors import profile_get_or_none, profile_list
+from loops.models import LoopEvent, LoopPattern, LoopRun, LoopStep, RunStatus, TriggerType
+from orchestrator.agents.models import Employee, ModelEndpoint
+from orchestrator.runtime.secrets import api_key_configured
+
+#: Heavy JSON columns a runs table never shows.
+_LIST_DEFER = ("harness_snapshots", "policy_snapshot", "cursor", "result", "inputs", "goal")
+TRIGGER_CHOICES = [*TriggerType.values, "retry"]
+WAITING = (RunStatus.WAITING_APPROVAL, RunStatus.WAITING_HUMAN)
+IN_FLIGHT = (
+    RunStatus.PREPARING,
+    RunStatus.WAITING_LOCK,
+    RunStatus.RUNNING,
+    RunStatus.WAITING_APPROVAL,
+    RunStatus.VERIFYING,
+)
+
+
+# --- Runs -------------------------------------------------------------------------------------
+
+
+def parse_run_id(value: str) -> uuid.UUID:
+    """The run id in a URL, or a 404 (never a 500 for a malformed id)."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise Http404(f"{value!r} is not a run id.") from None
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """The monitor's filters, from GET parameters; unknown values are ignored, not trusted."""
+
+    status: str = ""
+    pattern: str = ""
+    trigger: str = ""
+    before: uuid.UUID | None = None
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> RunFilters:
+        status = query.get("status", "")
+        trigger = query.get("trigger", "")
+        before = None
+        if query.get("before"):
+            try:
+                before = uuid.UUID(query["before"])
+            except ValueError:
+                before = None
+        return cls(
+            status=status if status in RunStatus.values else "",
+            pattern=query.get("pattern", "")[:100],
+            trigger=trigger if trigger in TRIGGER_CHOICES else "",
+            before=before,
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.status or self.pattern or self.trigger)
+
+    def apply(self, runs: QuerySet[LoopRun]) -> QuerySet[LoopRun]:
+        if self.status:
+            runs = runs.filter(status=self.status)
+        if self.pattern:
+            runs = runs.filter(pattern__key=self.pattern)
+        if self.trigger:
+            runs = runs.filter(trigger_type=self.trigger)
+        return runs
+
+    def matches(self, run: LoopRun) -> bool:
+        return (
+            (not self.status or run.status == self.status)
+            and (not self.pattern or run.pattern.key == self.pattern)
+            and (not self.trigger or run.trigger_type == self.trigger)
+        )
+
+    def query(self) -> dict[str, str]:
+        """The filters as GET parameters (for links and the live stream's URL)."""
+        pairs = {"status": self.status, "pattern": self.pattern, "trigger": self.trigger}
+        return {k: v for k, v in pairs.items() if v}
+
+
+def _step_sum(column: str, output: IntegerField | DecimalField) -> Subquery:
+    totals = (
+        LoopStep.objects.filter(run=OuterRef("pk"))
+        .order_by()
+        .values("run")
+        .annotate(total=Sum(column))
+        .values("total")
+    )
+    return Subquery(totals, output_field=output)
+
+
+def _runs_for_table() -> QuerySet[LoopRun]:
+    """Runs with their pattern and usage totals (per-run subqueries, no GROUP BY on runs)."""
+    return (
+        LoopRun.objects.select_related("pattern")
+        .defer(*_LIST_DEFER)
+        .annotate(
+            tokens_in_total=_step_sum("tokens_in", IntegerField()),
+            tokens_out_total=_step_sum("tokens_out", IntegerField()),
+            cost_total=_step_sum("cost", DecimalField(max_digits=20, decimal_places=6)),
+        )
+    )
+
+
+def runs_for_monitor(filters: RunFilters, limit: int) -> list[LoopRun]:
+    """Newest runs first, ``limit`` of them, older than ``filters.before`` when set."""
+    runs = filters.apply(_runs_for_table()).order_by("-created_at", "-id")
+    if filters.before is not None:
+        anchor = LoopRun.objects.filter(pk=filters.before).values("created_at").first()
+        if anchor is not None:
+            runs = runs.filter(created_at__lte=anchor["created_at"]).exclude(pk=filters.before)
+            runs = runs.exclude(created_at=anchor["created_at"], id__gt=filters.before)
+    return list(runs[:limit])
+
+
+def runs_by_ids(run_ids: Iterable[uuid.UUID]) -> list[LoopRun]:
+    return list(_runs_for_table().filter(pk__in=list(run_ids)).order_by("created_at", "id"))
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    waiting_approval: int = 0
+    waiting_human: int = 0
+    in_flight: int = 0
+    queued: int = 0
+
+    @property
+    def waiting(self) -> int:
+        return self.waiting_approval + self.waiting_human
+
+
+def run_counts() -> RunCounts:
+    """How many runs wait for a human, are in flight, or are queued (one grouped query)."""
+    rows = (
+        LoopRun.objects.filter(status__in=[*WAITING, *IN_FLIGHT, RunStatus.QUEUED])
+        .order_by()
+        .values("status")
+        .annotate(n=Count("id"))
+    )
+    by_status = {row["status"]: row["n"] for row in rows}
+    return RunCounts(
+        waiting_approval=by_status.get(RunStatus.WAITING_APPROVAL, 0),
+        waiting_human=by_status.get(RunStatus.WAITING_HUMAN, 0),
+        in_flight=sum(by_status.get(s, 0) for s in IN_FLIGHT),
+        queued=by_status.get(RunStatus.QUEUED, 0),
+    )
+
+
+@dataclass(frozen=True)
+class ChangeCursor:
+    """Where a runs stream is: the highest event id and step id it has looked at."""
+
+    event_id: int = 0
+    step_id: int = 0
+
+    def encode(self) -> str:
+        return f"e{self.event_id}.s{self.step_id}"
+
+    @classmethod
+    def decode(cls, value: str) -> ChangeCursor | None:
+        try:
+            events, steps = value.split(".", 1)
+            if not (events.startswith("e") and steps.startswith("s")):
+                return None
+            return cls(int(events[1:]), int(steps[1:]))
+        except ValueError:
+            return None
+
+
+def change_cursor_now() -> ChangeCursor:
+    last_event = LoopEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    last_step = LoopStep.objects.order_by("-id").values_list("id", flat=True).first()
+    return ChangeCursor(last_event or 0, last_step or 0)
+
+
+def rows_after(
+    model: type[LoopEvent] | type[LoopStep], after_id: int, limit: int
+) -> list[tuple[int, uuid.UUID, datetime]]:
+    """(id, run id, written at) of events or steps with an id above ``after_id``, by key."""
+    written = "created_at" if model is LoopEvent else "started_at"
+    rows = model.objects.filter(id__gt=after_id).order_by("id").values_list("id", "run_id", written)
+    return list(rows[:limit])
+
+
+def run_detail(run_id: uuid.UUID) -> LoopRun:
+    run = LoopRun.objects.select_related("pattern", "retry_of").filter(pk=run_id).first()
+    if run is None:
+        raise Http404(f"There is no run {run_id}.")
+    return run
+
+
+def run_state(run_id: uuid.UUID) -> dict[str, Any] | None:
+    """The few columns that tell a run page whether to re-render its header."""
+    found = (
+        LoopRun.objects.filter(pk=run_id)
+        .values("status", "updated_at", "event_seq", "step_count")
+        .first()
+    )
+    return dict(found) if found is not None else None
+
+
+@dataclass(frozen=True)
+class RunUsage:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: Decimal = Decimal(0)
+    model_steps: int = 0
+    tool_steps: int = 0
+
+
+def run_usage(run_id: uuid.UUID) -> RunUsage:
+    steps = LoopStep.objects.filter(run_id=run_id).order_by()
+    totals = steps.aggregate(
+        tokens_in=Coalesce(Sum("tokens_in"), 0),
+        tokens_out=Coalesce(Sum("tokens_out"), 0),
+        cost=Coalesce(Sum("cost"), Decimal(0), output_field=DecimalField()),
+    )
+    kinds = dict(steps.values("kind").annotate(n=Count("id")).values_list("kind", "n"))
+    return RunUsage(
+        tokens_in=int(totals["tokens_in"]),
+        tokens_out=int(totals["tokens_out"]),
+        cost=Decimal(totals["cost"]),
+        model_steps=kinds.get("model", 0),
+        tool_steps=kinds.get("tool", 0),
+    )
+
+
+def run_retries(run_id: uuid.UUID) -> list[LoopRun]:
+    return list(LoopRun.objects.filter(retry_of_id=run_id).only("id", "status").order_by("id"))
+
+
+OPEN_STEP_STATUSES = ("started", "gated", "approved")
+
+
+def run_steps(
+    run_id: uuid.UUID, *, after_seq: int | None = None, seqs: Iterable[int] = ()
+) -> list[LoopStep]:
+    """Steps in seq order: all, or those after ``after_seq`` plus the listed ``seqs``."""
+    steps = LoopStep.objects.filter(run_id=run_id)
+    if after_seq is not None:
+        wanted = list(seqs)
+        steps = steps.filter(seq__gt=after_seq) | steps.filter(seq__in=wanted)
+    return list(steps.order_by("seq"))
+
+
+@dataclass
+class InvocationGroup:
+    """The steps of one role invocation (``leader``, ``maker:0``, ``verifier``)."""
+
+    invocation: str
+    role: str
+    title: str
+    employee: str
+    steps: list[LoopStep] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> str:
+        return "inv-" + self.invocation.replace(":", "-")
+
+
+def invocation_title(invocation: str, bindings: Mapping[str, Any]) -> tuple[str, str]:
+    """("Maker 1", "alice") for ``maker:0``: a heading and the employee who acted."""
+    role, _, index = invocation.partition(":")
+    if role == "maker" and index.isdigit():
+        makers = list(bindings.get("makers") or [])
+        number = int(index)
+        employee = makers[number] if number < len(makers) else ""
+        return f"Maker {number + 1}", employee
+    return role.capitalize() or invocation, str(bindings.get(role) or "")
+
+
+def invocation_group(invocation: str, role: str, bindings: Mapping[str, Any]) -> InvocationGroup:
+    title, employee = invocation_title(invocation, bindings)
+    return InvocationGroup(invocation=invocation, role=role, title=title, employee=employee)
+
+
+def group_steps(steps: Iterable[LoopStep], bindings: Mapping[str, Any]) -> list[InvocationGroup]:
+    """Steps grouped by invocation, groups in the order they first acted."""
+    groups: dict[str, InvocationGroup] = {}
+    for step in steps:
+        group = groups.get(step.invocation)
+        if group is None:
+            group = groups[step.invocation] = invocation_group(step.invocation, step.role, bindings)
+        group.steps.append(step)
+    return list(groups.values())
+
+
+def run_events(run_id: uuid.UUID, *, after_seq: int = 0) -> list[LoopEvent]:
+    return list(LoopEvent.objects.filter(run_id=run_id, seq__gt=after_seq).order_by("seq"))
+
+
+# --- Patterns ---------------------------------------------------------------------------------
+
+
+def patterns_with_last_run() -> list[LoopPattern]:
+    """Every pattern with the status and id of its newest run (``last_run_*``)."""
+    newest = LoopRun.objects.filter(pattern=OuterRef("pk")).order_by("-created_at", "-id")
+    return list(
+        LoopPattern.objects.annotate(
+            last_run_status=Subquery(newest.values("status")[:1]),
+            last_run_id=Subquery(newest.values("id")[:1]),
+        ).order_by("key")
+    )
+
+
+def pattern_keys() -> list[str]:
+    return list(LoopPattern.objects.order_by("key").values_list("key", flat=True))
+
+
+def pattern_detail(key: str) -> LoopPattern:
+    pattern = LoopPattern.objects.filter(key=key).first()
+    if pattern is None:
+        raise Http404(f"There is no pattern {key!r}.")
+    return pattern
+
+
+def pattern_recent_runs(pattern: LoopPattern, limit: int = 10) -> list[LoopRun]:
+    runs = _runs_for_table().filter(pattern=pattern).order_by("-created_at", "-id")
+    return list(runs[:limit])
+
+
+# --- Harness profiles -------------------------------------------------------------------------
+
+
+def profiles() -> list[HarnessProfile]:
+    return list(profile_list())
+
+
+def published_tags() -> list[str]:
+    return [p.tag for p in profile_list() if p.current_version_id is not None]
+
+
+def profile_detail(tag: str) -> HarnessProfile:
+    profile = profile_get_or_none(tag)
+    if profile is None:
+        raise Http404(f"There is no policy profile {tag!r}.")
+    return profile
+
+
+def profile_versions(profile: HarnessProfile) -> list[HarnessProfileVersion]:
+    return list(profile.versions.order_by("-version"))
+
+
+def profile_version(profile: HarnessProfile, version: int) -> HarnessProfileVersion:
+    found = profile.versions.filter(version=version).first()
+    if found is None:
+        raise Http404(f"Policy profile {profile.tag!r} has no version {version}.")
+    return found
+
+
+def profile_draft(profile: HarnessProfile) -> HarnessProfileVersion | None:
+    return profile.versions.filter(status="draft").first()
+
+
+# --- Employees and model endpoints ------------------------------------------------------------
+
+
+def employees() -> list[Employee]:
+    return list(Employee.objects.select_related("endpoint").order_by("username"))
+
+
+def employee_detail(username: str) -> Employee:
+    found = Employee.objects.select_related("endpoint").filter(username=username).first()
+    if found is None:
+        raise Http404(f"There is no employee {username!r}.")
+    return found
+
+
+def employee_usernames() -> list[str]:
+    return list(Employee.objects.order_by("username").values_list("username", flat=True))
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """An endpoint as the UI shows it: whether its key is set, never the key."""
+
+    endpoint: ModelEndpoint
+    key_configured: bool
+
+
+def endpoints() -> list[EndpointView]:
+    rows = ModelEndpoint.objects.annotate(employee_count=Count("employees")).order_by("name")
+    return [EndpointView(e, api_key_configured(e.api_key_env)) for e in rows]
+
+
+def endpoint_detail(name: str) -> EndpointView:
+    found = (
+        ModelEndpoint.objects.prefetch_related("failover_routes__target", "employees")
+        .filter(name=name)
+        .first()
+    )
+    if found is None:
+        raise Http404(f"There is no model endpoint {name!r}.")
+    return EndpointView(found, api_key_configured(found.api_key_env))

@@ -1,0 +1,204 @@
+/* Loopwright operator UI: local times, confirmations and live updates (server-sent events).
+   Progressive: every page works without this file (times then read in UTC, reload to refresh). */
+(function () {
+  "use strict";
+
+  var pad = function (n) { return String(n).padStart(2, "0"); };
+
+  function zoneName(date) {
+    var parts = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(date);
+    var zone = parts.find(function (p) { return p.type === "timeZoneName"; });
+    return zone ? zone.value : "";
+  }
+
+  function localText(date) {
+    return date.getFullYear() + "-" + pad(date.getMonth() + 1) + "-" + pad(date.getDate()) + " " +
+      pad(date.getHours()) + ":" + pad(date.getMinutes()) + ":" + pad(date.getSeconds()) + " " +
+      zoneName(date);
+  }
+
+  /* <time datetime="…Z" data-local>… UTC</time> → the viewer's time zone (UTC kept as tooltip). */
+  function localizeTimes(root) {
+    root.querySelectorAll("time[data-local]").forEach(function (el) {
+      var date = new Date(el.getAttribute("datetime"));
+      if (isNaN(date.getTime())) { return; }
+      el.title = el.textContent.trim();
+      el.textContent = localText(date).trim();
+      el.removeAttribute("data-local");
+    });
+  }
+
+  function fragment(html) {
+    var template = document.createElement("template");
+    template.innerHTML = html.trim();
+    var node = template.content.firstElementChild;
+    localizeTimes(template.content);
+    return node;
+  }
+
+  function announce(text) {
+    var region = document.getElementById("live-announcer");
+    if (region) { region.textContent = text; }
+  }
+
+  function setIndicator(indicator, state, text) {
+    if (!indicator) { return; }
+    indicator.dataset.state = state;
+    indicator.textContent = text;
+  }
+
+  /* One EventSource; handlers get the parsed JSON data and the source. */
+  function connect(url, indicator, handlers) {
+    var source = new EventSource(url);
+    setIndicator(indicator, "connecting", "Connecting…");
+    source.addEventListener("open", function () { setIndicator(indicator, "live", "Live"); });
+    source.addEventListener("error", function () {
+      if (source.readyState === EventSource.CLOSED) {
+        setIndicator(indicator, "off", "Live updates stopped; reload the page.");
+      } else {
+        setIndicator(indicator, "reconnecting", "Reconnecting…");
+      }
+    });
+    Object.keys(handlers).forEach(function (name) {
+      source.addEventListener(name, function (event) {
+        handlers[name](JSON.parse(event.data), source);
+      });
+    });
+    return source;
+  }
+
+  function shortId(id) { return id.replace(/-/g, "").slice(-8); }
+
+  function label(status) { return String(status || "").replace(/_/g, " "); }
+
+  /* --- Monitor ---------------------------------------------------------------------------- */
+
+  function newerThan(row, other) {
+    var a = Date.parse(row.dataset.created), b = Date.parse(other.dataset.created);
+    return a > b || (a === b && row.dataset.runId > other.dataset.runId);
+  }
+
+  function insertSorted(body, row, max) {
+    var rows = Array.prototype.slice.call(body.rows);
+    var before = rows.find(function (r) { return newerThan(row, r); });
+    if (!before && rows.length >= max) { return false; }
+    body.insertBefore(row, before || null);
+    while (body.rows.length > max) { body.deleteRow(-1); }
+    return true;
+  }
+
+  function monitor(table) {
+    var body = table.tBodies[0];
+    var insert = table.dataset.liveInsert === "true";
+    var max = parseInt(table.dataset.maxRows, 10) || 50;
+    var empty = document.getElementById("runs-empty");
+    var counts = document.getElementById("run-counts");
+    var indicator = document.querySelector("[data-live-indicator]");
+    var refreshEmpty = function () { if (empty) { empty.hidden = body.rows.length > 0; } };
+    connect(table.dataset.stream, indicator, {
+      run: function (data) {
+        var row = fragment(data.html);
+        var old = document.getElementById("run-" + data.id);
+        var name = row.cells[2] ? row.cells[2].textContent.trim() : "";
+        if (old) {
+          if (old.dataset.status !== data.status) {
+            row.classList.add("flash-row");
+            announce("Run " + shortId(data.id) + " of " + name + " is now " + label(data.status) + ".");
+          }
+          old.replaceWith(row);
+        } else if (insert && insertSorted(body, row, max)) {
+          row.classList.add("flash-row");
+          announce("New run " + shortId(data.id) + " of " + name + ": " + label(data.status) + ".");
+        }
+        refreshEmpty();
+      },
+      "run-gone": function (data) {
+        var old = document.getElementById("run-" + data.id);
+        if (old) { old.remove(); refreshEmpty(); }
+      },
+      summary: function (data) { if (counts) { counts.innerHTML = data.html; } }
+    });
+  }
+
+  /* --- A run's page ----------------------------------------------------------------------- */
+
+  function keepOpen(oldNode, newNode) {
+    var before = oldNode.querySelectorAll("details");
+    var after = newNode.querySelectorAll("details");
+    for (var i = 0; i < before.length && i < after.length; i++) { after[i].open = before[i].open; }
+  }
+
+  function runPage(page) {
+    var indicator = page.querySelector("[data-live-indicator]");
+    if (page.dataset.terminal === "true") { return; }
+    var timeline = document.getElementById("timeline");
+    var events = document.getElementById("events-body");
+    var summary = document.getElementById("run-summary");
+    var actions = document.getElementById("run-actions");
+    var verdict = document.getElementById("run-verdict");
+    connect(page.dataset.stream, indicator, {
+      event: function (data) {
+        if (document.getElementById("event-" + data.seq)) { return; }
+        var row = fragment(data.html);
+        row.classList.add("flash-row");
+        events.appendChild(row);
+      },
+      step: function (data) {
+        var group = document.getElementById(data.group);
+        if (!group) {
+          group = fragment(data.group_html);
+          timeline.appendChild(group);
+          document.getElementById("timeline-empty").hidden = true;
+        }
+        var item = fragment(data.html);
+        var old = document.getElementById("step-" + data.seq);
+        if (old) {
+          keepOpen(old, item);
+          old.replaceWith(item);
+        } else {
+          item.classList.add("flash-row");
+          group.querySelector("ol.steps").appendChild(item);
+        }
+      },
+      run: function (data) {
+        summary.innerHTML = data.summary_html;
+        localizeTimes(summary);
+        if (actions.dataset.status !== data.status) {
+          /* Only on a status change, so a half-typed cancel reason is not wiped by progress. */
+          actions.innerHTML = data.actions_html;
+          actions.dataset.status = data.status;
+          announce("The run is now " + label(data.status) + ".");
+        }
+        var open = verdict.querySelector("details[open]") !== null;
+        verdict.innerHTML = data.verdict_html;
+        var raw = verdict.querySelector("details");
+        if (raw && open) { raw.open = true; }
+      },
+      done: function (data, source) {
+        source.close();
+        setIndicator(indicator, "done", "Finished: " + label(data.status) + ".");
+      }
+    });
+  }
+
+  /* --- Everywhere ------------------------------------------------------------------------- */
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form instanceof HTMLFormElement && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+      event.preventDefault();
+    }
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    localizeTimes(document);
+    var zone = document.querySelector("[data-timezone]");
+    if (zone) {
+      zone.textContent = "your time zone (" + Intl.DateTimeFormat().resolvedOptions().timeZone + ")";
+    }
+    var table = document.getElementById("runs-table");
+    if (table && table.dataset.stream && window.EventSource) { monitor(table); }
+    var page = document.getElementById("run-page");
+    if (page && page.dataset.stream && window.EventSource) { runPage(page); }
+  });
+})();
