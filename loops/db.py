@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection
+from django.db.models.expressions import RawSQL
 
 
 def is_postgres() -> bool:
@@ -64,3 +65,12 @@ def execute(sql: str, params: Sequence[Any]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def time_in(seconds: float) -> RawSQL:
+    """``now + seconds`` on the database clock, for ``update()`` (a worker's clock may drift)."""
+    return RawSQL(now_plus_sql(), [seconds_param(seconds)])  # noqa: S611 - constant SQL
+
+
+def time_now() -> RawSQL:
+    return RawSQL(now_sql(), [])  # noqa: S611 - constant SQL

@@ -26,7 +26,11 @@ def drive_run(run_id: str) -> None:
     except ValueError:
         logger.warning("ignoring nudge with a malformed run id %r", run_id)
         return
-    get_driver().submit(parsed)
+    driver = get_driver()
+    if driver is None:
+        logger.info("ignoring nudge for run %s: this worker is shutting down", run_id)
+        return
+    driver.submit(parsed)
 
 
 @shared_task(name="loops.reap", ignore_result=True, time_limit=120, expires=30)

@@ -19,7 +19,7 @@ app.conf.update(
     accept_content=["json"],
     task_ignore_result=True,
     task_acks_late=False,  # nudges are cheap and idempotent; the DB lease is what matters
-    worker_prefetch_multiplier=4,
+    worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     task_default_queue="loops",

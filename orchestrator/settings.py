@@ -163,6 +163,7 @@ BROKER_DIR = VAR_DIR / "broker"
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     BROKER_DIR.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT = "orchestrator.broker:Transport"  # atomic message files
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
         "data_folder_in": str(BROKER_DIR),
         "data_folder_out": str(BROKER_DIR),
@@ -171,7 +172,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 else:
     # A visibility timeout well above our longest task (tasks are short nudges, see docs/).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env_int("LOOPWRIGHT_BROKER_VISIBILITY_TIMEOUT", 3600)
+    }
 
 # --- Loopwright engine ------------------------------------------------------------------------
 LOOPWRIGHT: dict[str, Any] = {

@@ -83,8 +83,7 @@ def path_locks_release(*, run_id: uuid.UUID) -> list[str]:
 
 
 def _wake_lock_waiters(repository_keys: set[str]) -> None:
-    from django.utils import timezone
-
+    from loops import db
     from loops.services.nudges import nudge_run
 
     waiting = list(
@@ -95,7 +94,7 @@ def _wake_lock_waiters(repository_keys: set[str]) -> None:
     )
     # Make them due now rather than at their next retry time, then wake a worker.
     LoopRun.objects.filter(id__in=waiting, status=RunStatus.WAITING_LOCK).update(
-        not_before=timezone.now()
+        not_before=db.time_now()
     )
     for run_id in waiting:
         nudge_run(run_id)

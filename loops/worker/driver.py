@@ -99,6 +99,8 @@ class RunDriver:
         future.result(timeout=drain + 30)
         self._thread.join(timeout=10)
         self.db_pool.shutdown(wait=True)
+        if not self.loop.is_running():
+            self.loop.close()
 
     # --- database access off the event loop ------------------------------------------------
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -182,7 +184,13 @@ class RunDriver:
         assert self._wake is not None
         while True:
             if self.accepting and self._free() > 0:
-                await self._claim_and_start(run_id=None, limit=min(self._free(), 50))
+                # Tracked like a nudge's claim, so shutdown waits for it before releasing.
+                claim = asyncio.ensure_future(
+                    self._claim_and_start(run_id=None, limit=min(self._free(), 50))
+                )
+                self._claiming.add(claim)
+                claim.add_done_callback(self._claiming.discard)
+                await asyncio.shield(claim)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
             self._wake.clear()
@@ -212,6 +220,8 @@ class RunDriver:
 
     async def _shutdown(self, drain_seconds: float) -> None:
         self.accepting = False
+        # A claim in flight would otherwise commit after the release below and leak its run.
+        await asyncio.gather(*list(self._claiming), return_exceptions=True)
         pending = list(self.tasks.values())
         if pending:
             logger.info("draining %d run(s) for up to %.0f s", len(pending), drain_seconds)
@@ -248,12 +258,16 @@ def _db_call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 _driver: RunDriver | None = None
 _driver_lock = threading.Lock()
+_stopping = False
 
 
-def get_driver() -> RunDriver:
-    """The process-wide driver, started on first use."""
+def get_driver() -> RunDriver | None:
+    """The process-wide driver, started on first use; None once the process is stopping
+    (a nudge delivered during warm shutdown must not start a new driver)."""
     global _driver
     with _driver_lock:
+        if _stopping:
+            return None
         if _driver is None:
             _driver = RunDriver()
             _driver.start()
@@ -261,8 +275,9 @@ def get_driver() -> RunDriver:
 
 
 def stop_driver(drain_seconds: float | None = None) -> None:
-    global _driver
+    global _driver, _stopping
     with _driver_lock:
+        _stopping = True
         driver, _driver = _driver, None
     if driver is not None:
         driver.stop(drain_seconds)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
+from loops import db
 from loops.invokers import (
     InvocationOutcome,
     InvocationRequest,
@@ -240,7 +240,7 @@ def _park_for_lock(
         lease=lease,
         event_type="lock.waiting",
         data={"conflicts": conflicts},
-        fields={"not_before": now + timedelta(seconds=retry_seconds), "lock_wait_since": since},
+        fields={"not_before": db.time_in(retry_seconds), "lock_wait_since": since},
     )
     return RunStatus.WAITING_LOCK.value
 
@@ -399,7 +399,7 @@ def _park_for_retry(lease: Lease, reason: str, delay_seconds: float) -> None:
         lease=lease,
         event_type="run.retry_later",
         data={"reason": reason, "delay_seconds": delay_seconds},
-        fields={"not_before": timezone.now() + timedelta(seconds=delay_seconds)},
+        fields={"not_before": db.time_in(delay_seconds)},
     )
 
 

@@ -14,7 +14,8 @@ from tests.support.factories import make_pattern, make_run
 from tests.support.workers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-REPO = {"repositoryKey": "repo", "repositoryRoot": "/tmp/repo", "baseRef": "main"}
+# No repositoryRoot: the runs work in scratch directories; the locks need only the key.
+REPO = {"repositoryKey": "repo", "repositoryRoot": "", "baseRef": "main"}
 
 
 def finished(n: int) -> bool:

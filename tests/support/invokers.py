@@ -6,7 +6,10 @@ counted, not hidden). It is test-only and never offered to users."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
@@ -81,6 +84,7 @@ class SideEffectInvoker:
             if seq is None:
                 seq = await journal.begin(kind="tool", name="side_effect", request={"i": i})
             key = journal.idempotency_key(seq)
+            await _maybe_hold(request, i, seq, key)
             applied = await asyncio.to_thread(_record_and_close, key, str(request.run_id))
             await asyncio.sleep(self.sleep)
             await journal.complete(seq, response={"applied": applied, "key": key})
@@ -92,6 +96,30 @@ class SideEffectInvoker:
         if role == Role.VERIFIER:
             return {"verdict": self.verdict, "reasons": ["scripted"], "checks": []}
         return {"summary": "done"}
+
+
+async def _maybe_hold(request: InvocationRequest, i: int, seq: int, key: str) -> None:
+    """Pause once per run just before one chosen side effect, so a test can freeze the worker
+    (SIGSTOP) in the window between "step persisted as started" and "effect applied".
+
+    ``LW_TEST_HOLD_AT=<invocation>:<step index>`` picks the step, ``LW_TEST_HOLD_DIR`` receives
+    one marker file per run (its creation is atomic, so only the first worker to reach the step
+    holds), ``LW_TEST_HOLD_SECONDS`` is the pause.
+    """
+    hold_at, hold_dir = os.environ.get("LW_TEST_HOLD_AT"), os.environ.get("LW_TEST_HOLD_DIR")
+    if not hold_at or not hold_dir or hold_at != f"{request.invocation}:{i}":
+        return
+    info = {"run_id": str(request.run_id), "seq": seq, "key": key, "pid": os.getpid()}
+    fd, tmp = tempfile.mkstemp(dir=hold_dir, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(info, handle)
+    try:
+        os.link(tmp, Path(hold_dir) / f"{request.run_id}.hold")
+    except FileExistsError:
+        return  # another worker already held this run once
+    finally:
+        os.unlink(tmp)
+    await asyncio.sleep(float(os.environ.get("LW_TEST_HOLD_SECONDS", "3")))
 
 
 def _record_and_close(key: str, run_id: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,6 +52,9 @@ class WorkerProcess:
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
+    def is_ready(self) -> bool:
+        return self.alive() and b"ready." in self.log_path.read_bytes()
+
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -65,11 +69,28 @@ class WorkerProcess:
         assert self.proc is not None
         os.kill(self.proc.pid, sig)
 
+    def signal_group(self, sig: int) -> None:
+        """Signal every process of the worker's session (SIGSTOP/SIGCONT freeze it whole)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def kill(self) -> None:
         """SIGKILL the whole process group: no chance to release anything."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        elif self.proc is not None:
+            # The leader is gone; make sure nothing of its group is left behind either.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
     def stop(self, timeout: float = 60) -> int | None:
         if self.proc is None or self.proc.poll() is not None:

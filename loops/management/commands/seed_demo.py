@@ -124,7 +124,8 @@ class Command(BaseCommand):
 
 
 _INSTRUCTIONS = """
-Log in at http://127.0.0.1:8000/ as 'admin' with password '{password}' (kept in {var}/admin-password).
+Log in at http://127.0.0.1:8000/ as 'admin' with password '{password}'
+(it is kept in {var}/admin-password).
 The demo run plans, then its maker proposes a gated `write` and waits for your approval:
   TOKEN=$(.venv/bin/python manage.py create_api_token ops --role operator --role approver)
   curl -s -H "Authorization: Bearer $TOKEN" 'http://127.0.0.1:8000/api/v1/approvals?status=pending'

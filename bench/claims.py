@@ -1,0 +1,390 @@
+"""Claim throughput: runs claimed and completed per second by 4 worker processes on PostgreSQL.
+
+Two workloads on the same server, in a scratch database ``lw_bench`` that this command creates,
+migrates and drops (it never touches another database):
+
+- **ours**: each process loops ``run_claim(limit=1)`` (SKIP LOCKED claim with lease, fencing
+  token and ``lease.claimed`` event), then completes the run through the engine's only status
+  function: ``run_transition`` to ``running`` and then to ``succeeded`` (the state table has no
+  ``preparing → succeeded``), each fenced by the lease and writing its event. Every claim is
+  audited, and the audit must show 0 double claims and 0 runs left unclaimed.
+- **raw**: the reference, a bare ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)
+  RETURNING`` claim plus a token-guarded completion ``UPDATE`` on a scratch table.
+
+Each workload is repeated (>= 3 times); the median and the spread (max - min) are reported, and
+``ratio`` is ours / raw. Run it with ``python -m bench.claims`` (``--smoke`` for tiny numbers);
+``DATABASE_URL`` picks the server (default ``postgres://postgres@127.0.0.1:5432/``).
+
+The same claimer (``python -m bench.claims worker ...``) drives the D2 concurrency test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "lw_bench"
+PROCESSES = 4
+TARGET = 1000.0
+AUDIT_TABLE = "lw_claim_audit"
+RAW_TABLE = "bench_raw_queue"
+# Plain literals (the table names above are constants): the raw reference workload.
+AUDIT_INSERT = "INSERT INTO lw_claim_audit (run_id, owner, token) VALUES (%s, %s, %s)"
+RAW_CLAIM = (
+    "UPDATE bench_raw_queue SET status = 'running', owner = %s, token = token + 1 "
+    "WHERE id = (SELECT id FROM bench_raw_queue WHERE status = 'queued' ORDER BY id LIMIT 1 "
+    "FOR UPDATE SKIP LOCKED) RETURNING id, token"
+)
+RAW_COMPLETE = (
+    "UPDATE bench_raw_queue SET status = 'succeeded' WHERE id = %s AND owner = %s AND token = %s"
+)
+RAW_ANY_QUEUED = "SELECT 1 FROM bench_raw_queue WHERE status = 'queued' LIMIT 1"
+
+
+# --- the claimer processes --------------------------------------------------------------------
+
+
+def _wait_for_go(ready: Path, go: Path) -> float:
+    ready.touch()
+    while not go.exists():
+        time.sleep(0.002)
+    return time.time()
+
+
+def _ours_loop(owner: str, audit: bool) -> int:
+    from django.db import connection, transaction
+
+    from loops.models import LoopRun, RunStatus
+    from loops.services.claims import run_claim
+    from loops.services.transitions import run_transition
+
+    done = 0
+    while True:
+        with transaction.atomic():
+            claims = run_claim(owner=owner, lease_seconds=60, limit=1)
+            if claims and audit:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        AUDIT_INSERT,
+                        [str(claims[0].lease.run_id), owner, claims[0].lease.token],
+                    )
+        if not claims:
+            if not LoopRun.objects.filter(status=RunStatus.QUEUED).exists():
+                return done
+            continue  # the rest is locked by other claimers right now
+        lease = claims[0].lease
+        for target in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
+            run_transition(run_id=lease.run_id, to=target, actor=owner, lease=lease)
+        done += 1
+
+
+def _raw_loop(owner: str, audit: bool) -> int:
+    import psycopg
+
+    done = 0
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        while True:
+            row = conn.execute(RAW_CLAIM, [owner]).fetchone()
+            if row is None:
+                left = conn.execute(RAW_ANY_QUEUED)
+                if left.fetchone() is None:
+                    return done
+                continue
+            if audit:
+                conn.execute(
+                    AUDIT_INSERT,
+                    [str(row[0]), owner, row[1]],
+                )
+            conn.execute(RAW_COMPLETE, [row[0], owner, row[1]])
+            done += 1
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    if args.mode == "ours":
+        import django
+
+        django.setup()
+        from django.db import connection
+
+        connection.ensure_connection()
+    started = _wait_for_go(Path(args.ready), Path(args.go))
+    loop = _ours_loop if args.mode == "ours" else _raw_loop
+    done = loop(args.owner, args.audit)
+    print(json.dumps({"owner": args.owner, "done": done, "started": started, "end": time.time()}))
+
+
+def run_claimers(
+    mode: str, processes: int, env: dict[str, str], audit: bool, timeout: float = 600
+) -> dict[str, Any]:
+    """Start ``processes`` claimers, release them at once, wait; returns counts and the rate."""
+    with tempfile.TemporaryDirectory(prefix="lw-claimers-") as tmp:
+        go = Path(tmp) / "go"
+        procs = []
+        for n in range(processes):
+            argv = [
+                sys.executable, "-m", "bench.claims", "worker", "--mode", mode,
+                "--owner", f"claimer-{n}-{uuid.uuid4().hex[:6]}", "--ready", f"{tmp}/ready-{n}",
+                "--go", str(go), *(["--audit"] if audit else []),
+            ]  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    argv, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                    start_new_session=True, text=True,
+                )
+            )  # fmt: skip
+        try:
+            return _release_and_collect(procs, Path(tmp), go, timeout)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+
+
+def _release_and_collect(
+    procs: list[subprocess.Popen[str]], tmp: Path, go: Path, timeout: float
+) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while len(list(tmp.glob("ready-*"))) < len(procs):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError("claimers did not get ready")
+        time.sleep(0.02)
+    go_at = time.time()
+    go.touch()
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"claimer failed with {proc.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    elapsed = max(r["end"] for r in results) - go_at
+    done = sum(r["done"] for r in results)
+    return {"done": done, "seconds": elapsed, "rate": done / elapsed, "per_worker": results}
+
+
+# --- the scratch database ----------------------------------------------------------------------
+
+
+def _server_url() -> str:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        url = "postgres://postgres@127.0.0.1:5432/"
+    return url
+
+
+def _db_url(dbname: str) -> str:
+    parts = urlsplit(_server_url())
+    return urlunsplit((parts.scheme, parts.netloc, f"/{dbname}", "", ""))
+
+
+def _admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_db_url("postgres"), autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def _child_env(var_dir: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": _db_url(BENCH_DB),
+        "LOOPWRIGHT_VAR_DIR": var_dir,
+        "CELERY_BROKER_URL": "memory://",
+        "DJANGO_SETTINGS_MODULE": "orchestrator.settings",
+    }
+
+
+def _django(env: dict[str, str], *argv: str) -> None:
+    result = subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"{argv} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+
+
+def seed_runs(count: int) -> None:
+    """Queued runs of one pattern, created the way tests do (Django must be set up)."""
+    from loops.models import LoopPattern, LoopRun
+
+    pattern, _ = LoopPattern.objects.get_or_create(
+        key="bench",
+        defaults={
+            "goal_template": "bench",
+            "leader_username": "leader",
+            "maker_usernames": ["maker"],
+            "verifier_username": "verifier",
+        },
+    )
+    bindings = {"leader": "leader", "makers": ["maker"], "verifier": "verifier"}
+    LoopRun.objects.bulk_create(
+        [LoopRun(pattern=pattern, goal="bench", role_bindings=bindings) for _ in range(count)],
+        batch_size=2000,
+    )
+
+
+def _prepare_ours(env: dict[str, str], runs: int) -> None:
+    import psycopg
+
+    with psycopg.connect(_db_url(BENCH_DB), autocommit=True) as conn:
+        conn.execute("TRUNCATE loops_looprun, loops_looppattern CASCADE")
+        conn.execute(f"TRUNCATE {AUDIT_TABLE}")
+    _django(env, "-m", "bench.claims", "seed", "--runs", str(runs))
+    with psycopg.connect(_db_url(BENCH_DB), autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE loops_looprun")
+
+
+def _prepare_raw(runs: int) -> None:
+    import psycopg
+
+    with psycopg.connect(_db_url(BENCH_DB), autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
+        conn.execute(
+            f"CREATE TABLE {RAW_TABLE} (id bigserial PRIMARY KEY, status text NOT NULL, "
+            "owner text, token bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL DEFAULT '{}')"
+        )
+        conn.execute(f"CREATE INDEX ON {RAW_TABLE} (id) WHERE status = 'queued'")
+        conn.execute(
+            "INSERT INTO bench_raw_queue (status) SELECT 'queued' FROM generate_series(1, %s)",
+            [runs],
+        )
+        conn.execute(f"TRUNCATE {AUDIT_TABLE}")
+        conn.execute(f"VACUUM ANALYZE {RAW_TABLE}")
+
+
+def audit_problems(conn: Any, expected: int) -> dict[str, int]:
+    """Double claims and runs never claimed, from the audit table (0 and 0 when correct)."""
+    double = conn.execute(
+        "SELECT count(*) FROM (SELECT run_id FROM lw_claim_audit GROUP BY run_id "
+        "HAVING count(*) > 1) d"
+    ).fetchone()[0]
+    distinct = conn.execute("SELECT count(DISTINCT run_id) FROM lw_claim_audit").fetchone()[0]
+    return {"double_claims": int(double), "unclaimed": expected - int(distinct)}
+
+
+FINISHED = {
+    "ours": "SELECT count(*) FROM loops_looprun WHERE status = 'succeeded'",
+    "raw": "SELECT count(*) FROM bench_raw_queue WHERE status = 'succeeded'",
+}
+
+
+def _check(mode: str, runs: int) -> None:
+    import psycopg
+
+    with psycopg.connect(_db_url(BENCH_DB), autocommit=True) as conn:
+        problems = audit_problems(conn, runs)
+        finished = conn.execute(FINISHED[mode]).fetchone()[0]
+    if problems != {"double_claims": 0, "unclaimed": 0} or finished != runs:
+        raise AssertionError(f"{mode}: {problems}, {finished}/{runs} finished")
+
+
+def _measure(mode: str, env: dict[str, str], runs: int) -> float:
+    if mode == "ours":
+        _prepare_ours(env, runs)
+    else:
+        _prepare_raw(runs)
+    result = run_claimers(mode, PROCESSES, env, audit=True)
+    if result["done"] != runs:
+        raise AssertionError(f"{mode}: {result['done']} of {runs} runs completed")
+    _check(mode, runs)
+    return float(result["rate"])
+
+
+def _summary(rates: list[float]) -> tuple[float, float]:
+    return statistics.median(rates), max(rates) - min(rates)
+
+
+def run(smoke: bool = False) -> list[dict[str, Any]]:
+    """Create ``lw_bench``, measure both workloads (>= 3 repeats each), drop it."""
+    runs, repeats = (100, 1) if smoke else (5000, 3)
+    var_dir = tempfile.mkdtemp(prefix="lw-bench-var-")
+    env = _child_env(var_dir)
+    _admin(f'DROP DATABASE IF EXISTS "{BENCH_DB}"')
+    _admin(f'CREATE DATABASE "{BENCH_DB}"')
+    try:
+        _django(env, "manage.py", "migrate", "--noinput", "-v", "0")
+        _admin_bench(f"CREATE TABLE {AUDIT_TABLE} (run_id text, owner text, token bigint)")
+        rates: dict[str, list[float]] = {"ours": [], "raw": []}
+        for _ in range(repeats):
+            for mode in ("ours", "raw"):  # interleaved, so drift hits both alike
+                rates[mode].append(_measure(mode, env, runs))
+    finally:
+        _admin(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+    ours, ours_spread = _summary(rates["ours"])
+    raw, raw_spread = _summary(rates["raw"])
+    return [
+        {
+            "figure": f"claims+completions/s, {PROCESSES} worker processes (PostgreSQL)",
+            "target": f">= {TARGET:.0f}/s",
+            "median": round(ours, 1),
+            "spread": round(ours_spread, 1),
+            "unit": "/s",
+            "passed": ours >= TARGET,
+            "ratio": round(ours / raw, 3),
+            "reference": "raw SKIP LOCKED loop",
+            "reference_median": round(raw, 1),
+            "reference_spread": round(raw_spread, 1),
+            "runs": runs,
+            "repeats": repeats,
+            "samples": {mode: [round(r, 1) for r in values] for mode, values in rates.items()},
+            "load": round(os.getloadavg()[0], 1),
+        }
+    ]
+
+
+def _admin_bench(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_db_url(BENCH_DB), autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        print(f"{row['figure']}  ({row['runs']} runs, {row['repeats']} repeats)")
+        print(f"  ours: median {row['median']:>8.1f}{row['unit']}  spread {row['spread']:.1f}")
+        print(
+            f"  raw : median {row['reference_median']:>8.1f}{row['unit']}  "
+            f"spread {row['reference_spread']:.1f}   ({row['reference']})"
+        )
+        print(f"  ratio ours/raw {row['ratio']:.3f}; target {row['target']}: "
+              f"{'PASS' if row['passed'] else 'FAIL'}")  # fmt: skip
+        print(f"  samples: {row['samples']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    worker = sub.add_parser("worker", help="(internal) one claimer process")
+    worker.add_argument("--mode", choices=["ours", "raw"], required=True)
+    worker.add_argument("--owner", required=True)
+    worker.add_argument("--ready", required=True)
+    worker.add_argument("--go", required=True)
+    worker.add_argument("--audit", action="store_true")
+    seed = sub.add_parser("seed", help="(internal) create queued runs")
+    seed.add_argument("--runs", type=int, required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny numbers: just check it works")
+    args = parser.parse_args(argv)
+    if args.command == "worker":
+        worker_main(args)
+    elif args.command == "seed":
+        import django
+
+        django.setup()
+        seed_runs(args.runs)
+    else:
+        _print_table(run(smoke=args.smoke))
+
+
+if __name__ == "__main__":
+    main()
