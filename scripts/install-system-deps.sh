@@ -9,9 +9,10 @@
 #   python3       the interpreter Python skills run with (/usr/bin/python3)
 #   nodejs        the interpreter Node.js skills run with (/usr/bin/node), only if no node exists
 #   chromium      the browser of the UI tests (Playwright drives Debian's build; no downloads)
+#   faketime      skewed worker clocks in the lease clock-skew test (D5), so it runs, not skips
 set -euo pipefail
 
-packages=(bubblewrap libseccomp2 util-linux coreutils chromium)
+packages=(bubblewrap libseccomp2 util-linux coreutils chromium faketime)
 missing=()
 
 installed() {
