@@ -19,6 +19,7 @@ from loops.models import LoopPattern, LoopRun, RunStatus
 from loops.serializers import (
     ActionSerializer,
     ArtifactSerializer,
+    BudgetRaiseSerializer,
     EventSerializer,
     PatternSerializer,
     PatternUpdateSerializer,
@@ -27,6 +28,7 @@ from loops.serializers import (
     StepSerializer,
     TriggerSerializer,
 )
+from loops.services.budgets import run_budget_raise
 from loops.services.patterns import pattern_create, pattern_update
 from loops.services.runs import run_act, run_retry, run_trigger
 from orchestrator.accounts.permissions import IsOperator, ReadOrOperator
@@ -40,7 +42,7 @@ def _actor(request: Request) -> str:
 class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
     """Loop patterns, addressed by their ``key``."""
 
-    queryset = LoopPattern.objects.all()
+    queryset = LoopPattern.objects.select_related("cron_schedule").all()
     serializer_class = PatternSerializer
     permission_classes = [ReadOrOperator]
     lookup_field = "key"
@@ -177,6 +179,26 @@ class RunViewSet(
         run = self.get_object()
         new_run = run_retry(run_id=run.id, actor=_actor(request))
         return Response(RunSerializer(new_run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=BudgetRaiseSerializer,
+        responses={200: RunDetailSerializer},
+        description=(
+            "Raise the run's own budget (merged into its policy snapshot, event `budget.raised`); "
+            "a blocked run then continues with `resume`. Only raising is allowed (400 otherwise); "
+            "409 for a finished run. Daily budgets belong to the pattern: update its policy."
+        ),
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    def budget(self, request: Request, pk: str | None = None) -> Response:
+        """Raise the run's per-run budget limits."""
+        run = self.get_object()
+        body = BudgetRaiseSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        updated = run_budget_raise(
+            run_id=run.id, per_run=body.validated_data["perRun"], actor=_actor(request)
+        )
+        return Response(RunDetailSerializer(updated).data)
 
     pause = _action_view("pause")
     resume = _action_view("resume")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class LeaseLost(Exception):
@@ -73,6 +73,48 @@ class OutcomeKind(enum.StrEnum):
     FAILED = "failed"
     BLOCKED = "blocked"
     ESCALATE = "escalate"
+
+
+class RunHalted(Exception):
+    """A run-level limit stops the run: the journal raises it instead of starting the next model
+    call, tool call or invocation, and persists nothing of what it refused.
+
+    Invokers must let it propagate untouched, like :class:`LeaseLost`; the engine turns it into
+    the run's next state (``outcome``: BLOCKED parks the run in ``blocked``, ESCALATE sends it to
+    ``waiting_human``) with ``code`` as the run's ``terminal_reason``, ``reason`` as its
+    ``failure_reason`` and ``data`` in the event.
+    """
+
+    outcome: ClassVar[OutcomeKind]
+
+    def __init__(self, reason: str, *, code: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.code, self.data = reason, code, dict(data or {})
+
+
+class BudgetExhausted(RunHalted):
+    """A per-run or daily budget has no room for what was about to start (the run blocks)."""
+
+    outcome = OutcomeKind.BLOCKED
+
+
+class ToolLoopEscalated(RunHalted):
+    """The run repeated one tool call (same name and arguments) ``toolLoop.escalateAt`` times:
+    a human takes over (the run goes to ``waiting_human``)."""
+
+    outcome = OutcomeKind.ESCALATE
+
+
+class ToolCallRefused(Exception):
+    """The journal refused to start a tool call (the run's tool-loop policy blocks it).
+
+    The call is already persisted as a finished step whose result is ``content``: the invoker
+    must not run the tool and gives the model ``content`` as the call's result.
+    """
+
+    def __init__(self, content: str, *, seq: int) -> None:
+        super().__init__(content)
+        self.content, self.seq = content, seq
 
 
 @dataclass(frozen=True)
@@ -146,10 +188,29 @@ class StepJournal(Protocol):
         """``<run id>:<step seq>:<call index>``: what every side-effecting tool receives."""
         ...
 
+    async def admit_model_call(self) -> None:
+        """Wait until the run's limits let the next model call start (called right before it).
+
+        Raises :class:`RunHalted` (a spent tokens or cost budget) when it may not start at all;
+        may wait while another run's call on a shared budget is in flight near its limit.
+        """
+        ...
+
+    def tool_notice(self, seq: int) -> str:
+        """A notice the run's policy attached to tool step ``seq`` when it began (a run-level
+        tool-loop warning), to show the model with the call's result; "" for none.
+
+        ``begin`` and ``gate`` of a tool step may also raise :class:`ToolCallRefused` (the call
+        must not run) or :class:`RunHalted` (the run stops); ``record`` may raise
+        :class:`RunHalted`.
+        """
+        ...
+
 
 class RoleInvoker(Protocol):
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
-        """Carry out one invocation. Raise LeaseLost through; never swallow cancellation."""
+        """Carry out one invocation. Let LeaseLost and RunHalted through (ToolCallRefused is the
+        journal's answer to one call, not the invocation's); never swallow cancellation."""
         ...
 
 

@@ -143,6 +143,11 @@ class LoopRun(models.Model):
     lock_wait_since = models.DateTimeField(null=True, blank=True)
     event_seq = models.PositiveIntegerField(default=0)
     step_count = models.PositiveIntegerField(default=0)
+    #: The lease token under which the run's current model call was admitted against its
+    #: pattern's shared daily tokens/cost budget; cleared when the call is charged. A value
+    #: that no longer equals ``lease_token`` belongs to a dead lease and holds nothing
+    #: (``loops.services.budgets``).
+    model_call_token = models.BigIntegerField(null=True, blank=True)
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )
@@ -241,6 +246,10 @@ class LoopStep(models.Model):
     tokens_out = models.PositiveIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     lease_token = models.BigIntegerField(default=0)
+    #: Tool steps journaled by the engine: SHA-256 of the tool name and canonical arguments,
+    #: so the run-level tool-loop policy counts identical calls across invocations and
+    #: resumes (``loops.services.toolloop``).
+    call_hash = models.CharField(max_length=64, null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
@@ -249,6 +258,13 @@ class LoopStep(models.Model):
         ordering = ["run", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="loops_step_run_seq_unique"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["run", "call_hash"],
+                name="loops_step_call_hash",
+                condition=Q(call_hash__isnull=False),
+            )
         ]
 
     def __str__(self) -> str:
@@ -414,3 +430,145 @@ class ActionApproval(models.Model):
 
 
 # --- Triggers: cron schedules and fires, event keys and deliveries ---------------------------
+
+
+class CronFireOutcome(models.TextChoices):
+    STARTED = "started"
+    REFUSED = "refused"
+
+
+class CronSchedule(models.Model):
+    """Where a cron pattern's schedule stands: the next fire time the scheduler tick waits for.
+
+    One row per cron pattern, kept in step by ``loops.triggers.scheduler.cron_schedule_sync``.
+    The tick reads only rows whose ``next_fire_at`` is due (a partial index), so its cost follows
+    the number of due patterns, not the number of patterns. ``expression``, ``timezone`` and
+    ``enabled`` are the pattern values the row was computed from; the tick recomputes a row
+    whose pattern no longer matches them. ``next_fire_at`` is NULL while the schedule is paused
+    (``paused_reason`` says why: the pattern is disabled, or is no longer a cron pattern).
+    """
+
+    pattern = models.OneToOneField(
+        LoopPattern, on_delete=models.CASCADE, related_name="cron_schedule"
+    )
+    expression = models.CharField(max_length=100, blank=True, default="")
+    timezone = models.CharField(max_length=64, default="UTC")
+    enabled = models.BooleanField(default=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    #: The scheduled time of the last fire recorded (started or refused).
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    paused_reason = models.CharField(max_length=200, blank=True, default="")
+    #: Due times folded into a later fire (coalesce) or dropped (skip), since the row was made.
+    missed_total = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_fire_at"],
+                name="loops_cron_due",
+                condition=Q(next_fire_at__isnull=False),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pattern_id} next {self.next_fire_at}"
+
+
+class CronFire(models.Model):
+    """One fire of a cron pattern. At most one row per (pattern, scheduled time): the row is
+    inserted before the run, in the same transaction, so two schedulers cannot both start it
+    and a crash between the two writes loses neither (both roll back together)."""
+
+    pattern = models.ForeignKey(LoopPattern, on_delete=models.CASCADE, related_name="cron_fires")
+    scheduled_for = models.DateTimeField()
+    fired_at = models.DateTimeField()
+    outcome = models.CharField(max_length=10, choices=CronFireOutcome.choices)
+    reason = models.TextField(blank=True, default="")
+    run = models.OneToOneField(
+        LoopRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="cron_fire"
+    )
+    #: Earlier due times folded into this fire (coalesce) or dropped before it (skip).
+    missed = models.PositiveIntegerField(default=0)
+    #: Which scheduler process recorded the fire (host:pid), for audits.
+    scheduler = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["-scheduled_for"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pattern", "scheduled_for"], name="loops_cronfire_pattern_time_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(outcome__in=[o.value for o in CronFireOutcome]),
+                name="loops_cronfire_outcome_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pattern_id}@{self.scheduled_for.isoformat()} {self.outcome}"
+
+
+class EventKey(models.Model):
+    """A named event source (``POST /api/v1/events/{key}``) and the secret its webhooks sign.
+
+    SECURITY: ``secret`` is stored as given, not hashed, on purpose: verifying an HMAC needs the
+    secret itself. The API returns it once (when the key is created or rotated) and never again;
+    treat database dumps as holding these secrets.
+    """
+
+    key = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True, default="")
+    secret = models.CharField(max_length=128)
+    #: Signed deliveries whose timestamp is further than this from the server's clock are refused.
+    tolerance_seconds = models.PositiveIntegerField(default=300)
+    enabled = models.BooleanField(default=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class EventDelivery(models.Model):
+    """One accepted event delivery and what it started; a retry carrying the same
+    ``Idempotency-Key`` gets ``response`` back instead of new runs."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    event_key = models.CharField(max_length=100)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    #: ``user:<username>`` for an API token, ``hmac:<event key>`` for a signed delivery.
+    principal = models.CharField(max_length=200)
+    #: SHA-256 of the canonical JSON of the payload: a reused key with another payload is a 409.
+    payload_hash = models.CharField(max_length=64)
+    #: The HMAC of a signed delivery, so that the same signed request cannot start runs twice.
+    signature = models.CharField(max_length=64, null=True, blank=True)
+    run_ids = models.JSONField(default=list, blank=True)
+    response = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["event_key", "idempotency_key"],
+                name="loops_delivery_idempotency_unique",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+            models.UniqueConstraint(
+                fields=["event_key", "signature"],
+                name="loops_delivery_signature_unique",
+                condition=Q(signature__isnull=False),
+            ),
+        ]
+        indexes = [models.Index(fields=["event_key", "created_at"], name="loops_delivery_key_time")]
+
+    def __str__(self) -> str:
+        return f"{self.event_key}:{self.id}"
+
+
+__all__ += ["CronFire", "CronFireOutcome", "CronSchedule", "EventDelivery", "EventKey"]

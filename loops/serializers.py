@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from rest_framework import serializers
@@ -33,6 +34,9 @@ class PatternSerializer(serializers.ModelSerializer[LoopPattern]):
     autonomy_level = serializers.ChoiceField(choices=AutonomyLevel.choices, required=False)
     trigger_type = serializers.ChoiceField(choices=TriggerType.choices, required=False)
     missed_fire_policy = serializers.ChoiceField(choices=MissedFirePolicy.choices, required=False)
+    next_fire_at = serializers.SerializerMethodField(
+        help_text="When a cron pattern fires next (null when paused, disabled or not cron)."
+    )
 
     class Meta:
         model = LoopPattern
@@ -41,9 +45,15 @@ class PatternSerializer(serializers.ModelSerializer[LoopPattern]):
             "cron_expression", "timezone", "missed_fire_policy", "event_key", "leader_username",
             "maker_usernames", "verifier_username", "leader_harness_tag", "maker_harness_tag",
             "verifier_harness_tag", "repository_key", "repository_root", "base_ref", "acting_on",
-            "policy", "enabled", "version", "created_by", "created_at", "updated_at",
+            "policy", "enabled", "version", "next_fire_at", "created_by", "created_at",
+            "updated_at",
         ]  # fmt: skip
         read_only_fields = ["version", "created_by", "created_at", "updated_at"]
+
+    def get_next_fire_at(self, pattern: LoopPattern) -> datetime | None:
+        from loops.triggers.scheduler import pattern_next_fire_at
+
+        return pattern_next_fire_at(pattern)
 
     def validate_policy(self, value: Any) -> Any:
         if not isinstance(value, dict):
@@ -88,14 +98,38 @@ class RunSerializer(serializers.ModelSerializer[LoopRun]):
 
 
 class RunDetailSerializer(RunSerializer):
+    budget_usage = serializers.SerializerMethodField(
+        help_text=(
+            "Usage against limits: perRun (this run) and daily (its pattern today, UTC), each "
+            "{scope, <metric>: {used, limit}} for invocations, toolCalls, delegations, "
+            "verifications, tokens and cost (limit null: unbounded)."
+        )
+    )
+
     class Meta(RunSerializer.Meta):
         fields = [
             *RunSerializer.Meta.fields,
             "harness_snapshots",
             "policy_snapshot",
             "repository_snapshot",
+            "budget_usage",
         ]
         read_only_fields = fields
+
+    def get_budget_usage(self, obj: LoopRun) -> dict[str, Any]:
+        from loops.services.budgets import run_budget_usage
+
+        return run_budget_usage(obj)
+
+
+class BudgetRaiseSerializer(serializers.Serializer[Any]):
+    perRun = serializers.DictField(  # the policy's own spelling
+        help_text=(
+            "Per-run limits to raise, as in the pattern policy's budgets.perRun (invocations, "
+            "toolCalls, delegations, verifications, tokens, cost); null removes a limit. "
+            "Lowering is refused."
+        )
+    )
 
 
 class EventSerializer(serializers.ModelSerializer[LoopEvent]):

@@ -70,3 +70,25 @@ def _drain_driver(sender: Any = None, **kwargs: Any) -> None:
     from loops.worker.driver import stop_driver
 
     stop_driver()
+
+
+_last_cron_resync = [-1e9]
+
+
+@shared_task(name="loops.cron_tick", ignore_result=True, time_limit=120, soft_time_limit=110)
+def cron_tick() -> None:
+    """Fire the due cron patterns (beat sends this every ``LOOPWRIGHT_CRON_TICK_SECONDS``).
+
+    Safe to run twice at once or to lose: due times live in the database, not in the message.
+    The scan for stale schedule rows runs at most once a minute per worker process.
+    """
+    from time import monotonic
+
+    from loops.triggers.scheduler import cron_tick as tick
+
+    resync = monotonic() - _last_cron_resync[0] >= 60
+    if resync:
+        _last_cron_resync[0] = monotonic()
+    report = tick(resync=resync)
+    if report.started or report.refused or report.errors or report.missed or report.synced:
+        logger.info("cron tick: %s", report.as_dict())

@@ -30,6 +30,12 @@ app.conf.update(
             "schedule": float(os.environ.get("LOOPWRIGHT_REAPER_INTERVAL_SECONDS", "5")),
             "options": {"expires": 30},
         },
+        # One static tick; due times live in CronSchedule rows (docs/triggers.md), never ETAs.
+        "loops.cron_tick": {
+            "task": "loops.cron_tick",
+            "schedule": float(os.environ.get("LOOPWRIGHT_CRON_TICK_SECONDS", "15")),
+            "options": {"expires": 30},
+        },
     },
 )
 if app.conf.broker_url and str(app.conf.broker_url).startswith("filesystem://"):

@@ -190,6 +190,8 @@ LOOPWRIGHT: dict[str, Any] = {
     "INVOKER": os.environ.get("LOOPWRIGHT_INVOKER", "orchestrator.agents.invoker.AgentInvoker"),
     "APPROVAL_WEBHOOK_URL": os.environ.get("LOOPWRIGHT_APPROVAL_WEBHOOK_URL", ""),
     "APPROVAL_EMAILS": os.environ.get("LOOPWRIGHT_APPROVAL_EMAILS", ""),
+    # How late a cron tick may run and still count a due time as on time (``skip`` policy).
+    "CRON_GRACE_SECONDS": env_float("LOOPWRIGHT_CRON_GRACE_SECONDS", 60.0),
 }
 
 #: Hard ceilings of every harness compilation (JSON, same schema as a profile's settings).

@@ -277,6 +277,13 @@ def _expire_one(approval_id: uuid.UUID) -> None:
             actor="timeout",
             event_type="approval.expired",
             data={"approval": str(approval.id), "then": "escalate"},
+            fields={
+                "terminal_reason": "approval_timeout",
+                "failure_reason": (
+                    f"Nobody decided on the approval of {approval.tool_name!r} in time; the "
+                    "pattern's policy escalates expired approvals to a human."
+                ),
+            },
         )
         return
     from loops.services.transitions import run_event_append

@@ -11,6 +11,7 @@ from django.db.models import F
 from loops.models import AutonomyLevel, LoopPattern, TriggerType
 from loops.policy import parse_policy
 from loops.templates import check_template
+from loops.triggers.scheduler import cron_schedule_sync
 from orchestrator.errors import InvalidInput
 
 PATTERN_FIELDS = (
@@ -85,7 +86,9 @@ def _autonomy_errors(p: LoopPattern, policy: dict[str, Any]) -> list[dict[str, s
 def _trigger_errors(p: LoopPattern) -> list[dict[str, str]]:
     errors = []
     if p.trigger_type == TriggerType.CRON:
-        if not p.cron_expression or not croniter.is_valid(p.cron_expression):
+        # H fields are seeded by the pattern key, exactly as the scheduler evaluates them.
+        hash_id = p.key.encode("utf-8") if p.key else None
+        if not p.cron_expression or not croniter.is_valid(p.cron_expression, hash_id=hash_id):
             errors.append(
                 _err(
                     "/cron_expression",
@@ -155,6 +158,7 @@ def pattern_create(*, key: str, actor: str, **fields: Any) -> LoopPattern:
     )
     pattern_validate(pattern)
     pattern.save()
+    cron_schedule_sync(pattern)
     return pattern
 
 
@@ -169,4 +173,5 @@ def pattern_update(*, pattern: LoopPattern, **fields: Any) -> LoopPattern:
     locked.version = F("version") + 1
     locked.save()
     locked.refresh_from_db()
+    cron_schedule_sync(locked)
     return locked

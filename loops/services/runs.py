@@ -6,12 +6,15 @@ import uuid
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from loops import state
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus, TriggerType
 from loops.policy import PatternPolicy, parse_policy
+from loops.services.breakers import breaker_admit_trigger, breaker_start_probe
+from loops.services.budgets import daily_exhaustion, spent_message
 from loops.services.nudges import nudge_run
-from loops.services.transitions import Lease, LeaseLost, run_transition
+from loops.services.transitions import Lease, LeaseLost, run_event_append, run_transition
 from loops.templates import render_goal
 from orchestrator.errors import Conflict
 
@@ -70,11 +73,19 @@ def run_trigger(
     harness_overrides: dict[str, Any] | None = None,
     retry_of: LoopRun | None = None,
 ) -> LoopRun:
-    """Create a queued run with its snapshots and first event, then nudge a worker."""
+    """Create a queued run with its snapshots and first event, then nudge a worker.
+
+    The single entry point of manual, retry, cron and event triggers, so every one of them is
+    refused (409) the same way: a disabled pattern, a spent daily budget, an open circuit
+    breaker (``breaker_open_until``). When the breaker's cooldown is over, the run started here
+    is its half-open probe (the breaker row stays locked until this transaction commits).
+    """
     if not pattern.enabled:
         raise Conflict(f"Pattern {pattern.key!r} is disabled; enable it to start runs.")
     inputs = dict(inputs or {})
     policy = parse_policy(pattern.policy)
+    _refuse_when_spent(pattern)
+    probe = breaker_admit_trigger(pattern)
     goal = render_goal(
         pattern.goal_template,
         {
@@ -109,18 +120,37 @@ def run_trigger(
         actor=actor,
         data={"trigger": trigger_type, "ref": trigger_ref, "pattern_version": pattern.version},
     )
+    if probe:
+        breaker_start_probe(pattern, run.id)
+        run_event_append(run_id=run.id, type="breaker.probe", actor=actor, data={})
     nudge_run(run.id)
     return run
 
 
+def _refuse_when_spent(pattern: LoopPattern) -> None:
+    now = timezone.now()
+    spent = daily_exhaustion(pattern, now)
+    if spent is not None:
+        raise Conflict(
+            f"Pattern {pattern.key!r} refuses new runs: {spent_message(spent, now)}.",
+            budget=spent.data(),
+        )
+
+
 def _action_fields(action: str, actor: str, reason: str) -> dict[str, Any]:
+    """The reason fields a human action leaves on the run (docs/runs.md): who did it and why;
+    ``resume`` clears them, as the run is going again."""
     suffix = f": {reason}" if reason else ""
     if action == "cancel":
         return {"terminal_reason": "canceled", "failure_reason": f"Canceled by {actor}{suffix}"}
     if action == "accept":
-        return {"terminal_reason": "accepted"}
+        return {"terminal_reason": "accepted", "failure_reason": ""}
+    if action == "escalate":
+        return {"terminal_reason": "escalated", "failure_reason": f"Escalated by {actor}{suffix}"}
+    if action == "pause":
+        return {"terminal_reason": "paused", "failure_reason": f"Paused by {actor}{suffix}"}
     if action == "resume":
-        return {"failure_reason": ""}
+        return {"terminal_reason": "", "failure_reason": ""}
     return {}
 
 

@@ -22,6 +22,9 @@ from loops.invokers import LeaseLost
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.state import TransitionRefused
 
+#: States that record a ``terminal_reason`` (and usually a ``failure_reason`` text).
+REASONED = frozenset({*state.TERMINAL, RunStatus.WAITING_HUMAN, RunStatus.BLOCKED})
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -104,9 +107,22 @@ def run_transition(
         raise TransitionRefused(current, to.value)
     values = _fields_for_target(to, lease, row)
     values.update(fields or {})
+    if to in REASONED and not values.get("terminal_reason"):
+        # Every run that ends or waits for a human says why; a path that forgot falls back
+        # to its event type (docs/runs.md lists the explicit reasons).
+        values["terminal_reason"] = event_type.replace(".", "_")[:60]
     seq = row["event_seq"] + 1
     values["event_seq"] = seq
     LoopRun.objects.filter(pk=run_id).update(**values)
+    data = dict(data or {})
+    if to in state.TERMINAL:
+        from loops.services.breakers import breaker_record_outcome, breaker_summary
+        from loops.services.locks import path_locks_release
+
+        path_locks_release(run_id=run_id)
+        changed = breaker_record_outcome(pattern_id=row["pattern_id"], run_id=run_id, status=to)
+        if changed is not None:
+            data["breaker"] = breaker_summary(changed)
     LoopEvent.objects.create(
         run_id=run_id,
         seq=seq,
@@ -114,12 +130,8 @@ def run_transition(
         from_status=current,
         to_status=to.value,
         actor=actor,
-        data=data or {},
+        data=data,
     )
-    if to in state.TERMINAL:
-        from loops.services.locks import path_locks_release
-
-        path_locks_release(run_id=run_id)
     if to == RunStatus.QUEUED:
         from loops.services.nudges import nudge_run
 

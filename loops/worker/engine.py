@@ -7,6 +7,7 @@ stopped, and within an invocation the journal's persisted steps carry it further
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -23,10 +24,13 @@ from loops.invokers import (
     OutcomeKind,
     RetryLater,
     Role,
+    RunHalted,
     StepRecord,
+    ToolCallRefused,
 )
 from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
 from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
+from loops.services import budgets
 from loops.services import steps as step_services
 from loops.services.approvals import approvals_open
 from loops.services.claims import Claimed
@@ -79,6 +83,8 @@ class DbJournal:
 
     def __init__(self, driver: RunDriver, lease: Lease, role: Role, invocation: str) -> None:
         self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
+        #: Tool-loop warnings of the steps this journal began, for the model (``tool_notice``).
+        self.notices: dict[int, str] = {}
 
     async def steps(self) -> list[StepRecord]:
         return await self.driver.db(
@@ -88,6 +94,8 @@ class DbJournal:
     async def begin(
         self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
     ) -> int:
+        if kind == "tool":
+            return await self._tool_start(name, request, idempotency_key, StepStatus.STARTED)
         return await self.driver.db(
             step_services.step_begin,
             self.lease,
@@ -102,17 +110,39 @@ class DbJournal:
     async def gate(
         self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
     ) -> int:
-        return await self.driver.db(
-            step_services.step_begin,
+        return await self._tool_start(
+            name, {**request, "gate_reason": reason}, idempotency_key, StepStatus.GATED
+        )
+
+    async def _tool_start(
+        self, name: str, request: dict[str, Any], idempotency_key: str, status: StepStatus
+    ) -> int:
+        """A tool call under the run's limits: refused (ToolCallRefused), stopped (RunHalted),
+        or begun, possibly with a notice for its result."""
+        start = await self.driver.db(
+            step_services.tool_step_begin,
             self.lease,
             role=self.role.value,
             invocation=self.invocation,
-            kind="tool",
             name=name,
-            request={**request, "gate_reason": reason},
+            request=request,
             idempotency_key=idempotency_key,
-            status=StepStatus.GATED,
+            status=status,
         )
+        if start.refused:
+            raise ToolCallRefused(start.refused, seq=start.seq)
+        if start.notice:
+            self.notices[start.seq] = start.notice
+        return start.seq
+
+    async def admit_model_call(self) -> None:
+        while (
+            wait := await self.driver.db(budgets.budget_admit_model_call, self.lease)
+        ) is not None:
+            await asyncio.sleep(wait)
+
+    def tool_notice(self, seq: int) -> str:
+        return self.notices.get(seq, "")
 
     async def complete(
         self,
@@ -332,7 +362,14 @@ async def _invoke(
     )
     journal = DbJournal(driver, lease, role, name)
     try:
+        await driver.db(budgets.budget_invocation_start, lease, role=role.value, invocation=name)
         return await driver.invoker.invoke(request, journal)
+    except RunHalted as halt:
+        # A budget or the tool-loop policy stopped the run; nothing of the refused step was
+        # persisted, so a resume (after a raise, say) starts that step afresh.
+        return InvocationOutcome(
+            kind=halt.outcome, code=halt.code, reason=halt.reason, output=halt.data
+        )
     except RetryLater as exc:
         await driver.db(_park_for_retry, lease, str(exc), exc.delay_seconds)
         return InvocationOutcome(kind=OutcomeKind.BLOCKED, code="__parked__")
@@ -409,6 +446,18 @@ _OUTCOME_TARGET = {
     OutcomeKind.BLOCKED: (RunStatus.BLOCKED, "run.blocked"),
     OutcomeKind.ESCALATE: (RunStatus.WAITING_HUMAN, "run.escalated"),
 }
+#: The reason a run records when the invoker gave no code (docs/runs.md lists them all).
+_DEFAULT_CODE = {
+    OutcomeKind.FAILED: "error",
+    OutcomeKind.BLOCKED: "blocked",
+    OutcomeKind.ESCALATE: "escalated",
+}
+#: Events of the halts the journal raises, by code prefix (``budget_exhausted:<metric>``).
+_HALT_EVENTS = {"budget_exhausted": "budget.exhausted", "tool_loop": "toolloop.escalated"}
+
+
+def _event_type(outcome: InvocationOutcome, default: str) -> str:
+    return _HALT_EVENTS.get(outcome.code.split(":", 1)[0], default)
 
 
 @transaction.atomic
@@ -419,16 +468,17 @@ def _conclude_invocation(
         return  # already re-queued by _park_for_retry
     target, event_type = _OUTCOME_TARGET[outcome.kind]
     fields: dict[str, Any] = {"cursor": run.cursor}
-    if target == RunStatus.FAILED:
-        fields.update(terminal_reason=outcome.code or "error", failure_reason=outcome.reason)
-    elif target == RunStatus.BLOCKED:
-        fields.update(failure_reason=outcome.reason)
+    if outcome.kind in _DEFAULT_CODE:
+        fields.update(
+            terminal_reason=outcome.code or _DEFAULT_CODE[outcome.kind],
+            failure_reason=outcome.reason,
+        )
     run_transition(
         run_id=lease.run_id,
         to=target,
         actor=lease.owner,
         lease=lease,
-        event_type=event_type,
+        event_type=_event_type(outcome, event_type),
         data={"code": outcome.code, "reason": outcome.reason, **outcome.output},
         fields=fields,
     )
@@ -460,18 +510,29 @@ def _conclude_verdict(lease: Lease, run: RunState, verdict: dict[str, Any]) -> N
         "cursor": run.cursor,
         "result": {**verdict, "effective_verdict": value, "problems": problems},
     }
+    given = verdict.get("reasons")
+    reasons = "; ".join(str(r) for r in given) if isinstance(given, list) else ""
     if value == "pass" and run.autonomy_level == "L1":
         target, fields["terminal_reason"] = RunStatus.SUCCEEDED, "verified"
     elif value == "pass":
         target = RunStatus.WAITING_HUMAN
+        fields.update(
+            terminal_reason="awaiting_acceptance",
+            failure_reason=(
+                f"The verifier passed the result; autonomy level {run.autonomy_level} needs a "
+                "human to accept it."
+            ),
+        )
     elif value == "reject":
         target = RunStatus.FAILED
-        fields.update(
-            terminal_reason="rejected_by_verifier",
-            failure_reason="; ".join(str(r) for r in verdict.get("reasons", [])) or "rejected",
-        )
+        fields.update(terminal_reason="rejected_by_verifier", failure_reason=reasons or "rejected")
     else:
         target = RunStatus.WAITING_HUMAN
+        why = "; ".join([*problems, *([reasons] if reasons else [])])
+        fields.update(
+            terminal_reason="escalated_by_verifier",
+            failure_reason=f"The verification escalated to a human: {why or 'no reason given'}",
+        )
     run_transition(
         run_id=lease.run_id,
         to=target,

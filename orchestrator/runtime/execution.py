@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from loops.invokers import LeaseLost, StepJournal, StepRecord
+from loops.invokers import LeaseLost, StepJournal, StepRecord, ToolCallRefused
 from orchestrator.runtime.dispatch import ERRORS, Disposition, PlannedCall, StepPlan, Toolset
 from orchestrator.runtime.history import APPROVED, FINISHED, GATED, STARTED, Log, ModelEntry
 from orchestrator.runtime.history import result_text as recorded_text
@@ -189,7 +189,10 @@ class StepExecutor:
             elif planned.disposition is Disposition.RUN:
                 runs.append(partial(self._start, entry, planned))
             elif planned.disposition is Disposition.GATE:
-                gated.append(await self._gate(entry, planned))
+                try:
+                    gated.append(await self._gate(entry, planned))
+                except ToolCallRefused as refused:  # run policy: persisted, never to run
+                    results[planned.index] = refused.content
             else:
                 results[planned.index] = await self._answer(entry, planned)
         if not gated:
@@ -246,12 +249,15 @@ class StepExecutor:
         key = self.journal.idempotency_key(entry.seq, planned.index)
         # Persisted before the tool runs: after a crash, this started step is the only trace
         # that the effect may have happened, and it carries the key the re-issue must reuse.
-        seq = await self.journal.begin(
-            kind="tool",
-            name=planned.tool,
-            request=self._request(entry, planned, planned.arguments),
-            idempotency_key=key,
-        )
+        try:
+            seq = await self.journal.begin(
+                kind="tool",
+                name=planned.tool,
+                request=self._request(entry, planned, planned.arguments),
+                idempotency_key=key,
+            )
+        except ToolCallRefused as refused:  # run policy: persisted with this result, not run
+            return planned.index, refused.content
         if planned.warning:
             await self.journal.event(
                 "tool.repetition_warning", {"tool": planned.tool, "model_seq": entry.seq}
@@ -307,9 +313,10 @@ class StepExecutor:
     async def _complete(
         self, seq: int, planned: PlannedCall, result: CallResult
     ) -> tuple[int, str]:
-        if planned.warning:
+        notices = [n for n in (planned.warning, self.journal.tool_notice(seq)) if n]
+        if notices:
             result = CallResult(
-                f"{result.content}\n\n{planned.warning}",
+                "\n\n".join([result.content, *notices]),
                 result.error,
                 result.files_written,
                 result.original_length,

@@ -290,6 +290,8 @@ class _Invocation:
             instruction = {"role": "user", "content": text}
         client = await self._client()
         compaction = await self._compact(conversation, tools, instruction, forced=False)
+        # The run's budgets decide whether this call may start at all (RunHalted propagates).
+        await self.journal.admit_model_call()
         started = time.monotonic()
         try:
             response = await client.complete(self._chat_request(compaction, tools, instruction))

@@ -80,4 +80,7 @@ def test_eight_claimer_processes_claim_every_run_exactly_once(audit_table: None)
     assert result["done"] == runs
     assert LoopRun.objects.filter(status=RunStatus.SUCCEEDED).count() == runs
     assert LoopEvent.objects.filter(type="lease.claimed").count() == runs
-    assert min(per_worker) > 0  # every claimer took part
+    if connection.vendor == "postgresql":
+        # Every claimer took part. Not asserted on SQLite: its one write lock goes to whichever
+        # process asks first, and on a loaded machine a late starter can find the queue empty.
+        assert min(per_worker) > 0

@@ -14,7 +14,11 @@ engine's point of view a redelivered message is exactly a second copy of the sam
 
 Pass criteria as implemented (40 runs x 9 side-effecting steps, 2 workers, 15 copies per run):
 
-- every copy was delivered to a worker (the workers' logs count 600 received nudges);
+- every copy was delivered to a worker: the workers' logs count at least the 600 published
+  nudges plus one per re-queue the engine did itself (a run parked back in ``queued`` is nudged
+  again by ``run_transition``). At least, not exactly: delivery is at-least-once on every broker
+  (CI saw the embedded filesystem broker hand one of 600 messages out twice), and a message
+  arriving twice is the very case this test shows to be harmless;
 - each run was claimed exactly once and finished exactly once;
 - each step executed exactly once: attempts == effects == distinct keys == 360;
 - no worker died.
@@ -80,7 +84,8 @@ def test_every_run_is_claimed_and_executed_once_however_often_its_nudge_arrives(
 
     print(f"nudges published {published}, received {_received(workers)}")
     assert all(w.alive() for w in workers), log_tails(workers)
-    assert _received(workers) == published
+    requeues = LoopEvent.objects.filter(to_status=RunStatus.QUEUED).exclude(type="run.created")
+    assert _received(workers) >= published + requeues.count()  # no nudge lost
     claims = claims_per_run()
     assert sorted(claims.values()) == [1] * RUNS
     finished = LoopEvent.objects.filter(to_status=RunStatus.SUCCEEDED)

@@ -45,6 +45,8 @@ class MemoryJournal:
     crash_before: set[tuple[str, str]] = field(default_factory=set)
     lease_lost: bool = False
     writes: list[tuple[str, str, int]] = field(default_factory=list)
+    #: Model calls the loop asked admission for (the engine's journal applies budgets there).
+    admissions: int = 0
 
     # --- the StepJournal protocol -------------------------------------------------------------
 
@@ -133,6 +135,12 @@ class MemoryJournal:
 
     def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
         return f"{self.run_id}:{step_seq}:{call_index}"
+
+    async def admit_model_call(self) -> None:
+        self.admissions += 1
+
+    def tool_notice(self, seq: int) -> str:
+        return ""
 
     # --- test controls ------------------------------------------------------------------------
 

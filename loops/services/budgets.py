@@ -1,0 +1,526 @@
+"""Budgets: per-run and daily (per pattern) limits, counted in usage buckets.
+
+Six metrics (``PatternPolicy.budgets``): ``invocations``, ``toolCalls``, ``delegations`` and
+``verifications`` are *counted* (one unit each, known before the thing starts); ``tokens`` and
+``cost`` are *metered* (known only after a model call). Usage lives in ``UsageBucket`` rows keyed
+by scope and metric: ``run:<run id>`` for the run's own usage and ``pattern:<pattern pk>:<UTC
+date>`` for the pattern's day. Usage is always counted, with or without a limit, so a limit
+added or raised later starts from the true figure.
+
+When each is counted, always in the same fenced transaction as the journal write it belongs to
+(a crash either keeps both or neither, so nothing is counted twice or lost):
+
+* an invocation when the engine starts it (``invocation.started`` event; a resumed invocation
+  is not counted again); the verifier's invocation also counts a verification;
+* a tool call when its step begins or is gated (``toolCalls``; a call of a delegation tool
+  also counts ``delegations``); a re-issued call after a crash is the same step, not counted;
+* tokens and cost when a model step is recorded (and any a tool step reports on completion).
+
+Counted metrics take their unit with a conditional ``UPDATE … WHERE value <= limit - n``, so
+usage never passes the limit even with parallel writers (PostgreSQL re-checks the condition
+on the row it waited for; SQLite serialises writers). Metered metrics cannot be reserved:
+before a model call starts the run must still have room (``used < limit``), so a run overshoots
+by at most the one call that crossed the limit. On a shared daily tokens/cost budget, parallel
+runs of the pattern could each cross with a call in flight; :func:`budget_admit_model_call`
+therefore admits a call while another is in flight only when the remaining headroom is large
+compared with the largest call charged so far that day (``PARALLEL_MARGIN`` times it per call
+in flight), and otherwise one call at a time, so the pattern overshoots by at most one call in
+total (docs/runs.md, "Budgets"). Per-run limits come from the run's ``policy_snapshot`` (which
+``run_budget_raise`` may raise); daily limits from the pattern's current policy, because the
+day's budget is one shared pool whatever each run pinned.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest, Now
+from django.utils import timezone
+from pydantic import ValidationError
+
+from loops import db, state
+from loops.invokers import BudgetExhausted
+from loops.models import LoopEvent, LoopPattern, LoopRun, UsageBucket
+from loops.policy import Budget, PatternPolicy, ToolLoopPolicy, pydantic_errors
+from loops.services.transitions import Lease, fenced_touch, run_event_append
+from orchestrator.errors import Conflict, InvalidInput
+
+COUNTED = ("invocations", "toolCalls", "delegations", "verifications")
+METERED = ("tokens", "cost")
+METRICS = (*COUNTED, *METERED)
+PER_RUN, DAILY = "perRun", "daily"
+#: Tools whose calls are delegations to another employee (counted as tool calls too).
+DELEGATION_TOOLS = frozenset({"dispatch_sub_agent_task"})
+#: A parallel model call is admitted only while the headroom covers this many times the
+#: largest call charged today for every call in flight (calls grow as conversations do).
+PARALLEL_MARGIN = 2
+#: How long a model call waits before asking again for admission on a shared budget.
+ADMISSION_RETRY_SECONDS = 0.2
+_QUANTUM = Decimal("0.000001")
+
+
+# --- pure arithmetic ---------------------------------------------------------------------------
+
+
+def run_scope(run_id: uuid.UUID) -> str:
+    return f"run:{run_id}"
+
+
+def daily_scope(pattern_id: int, now: datetime) -> str:
+    """The pattern's bucket scope for the UTC day of ``now``."""
+    return f"pattern:{pattern_id}:{now.astimezone(UTC).date().isoformat()}"
+
+
+def next_reset(now: datetime) -> datetime:
+    """When the daily budgets start over: the next 00:00 UTC."""
+    day = now.astimezone(UTC).date() + timedelta(days=1)
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def high_water_metric(metric: str) -> str:
+    """The bucket that keeps the largest single charge of a metered metric in a scope."""
+    return f"{metric}:max_call"
+
+
+def limits_of(budget: Budget) -> dict[str, Decimal]:
+    """The bounded metrics of a budget section, as decimals."""
+    return {
+        metric: amount(value)
+        for metric in METRICS
+        if (value := getattr(budget, metric)) is not None
+    }
+
+
+def amount(value: Any) -> Decimal:
+    return Decimal(str(value)).quantize(_QUANTUM)
+
+
+def fits(used: Decimal, n: Decimal, limit: Decimal) -> bool:
+    """A counted unit may be taken: usage after it stays within the limit."""
+    return used + n <= limit
+
+
+def has_room(used: Decimal, limit: Decimal) -> bool:
+    """A metered call may start: the budget is not used up yet."""
+    return used < limit
+
+
+def parallel_admissible(used: Decimal, limit: Decimal, in_flight: int, high_water: Decimal) -> bool:
+    """May a model call start beside ``in_flight`` others on a shared metered budget?
+
+    Alone, whenever there is room. Beside others only when, counting each call in flight (and
+    this one) at ``PARALLEL_MARGIN`` times the largest call charged so far, the budget still
+    holds them all; an unknown size (nothing charged yet) never runs in parallel.
+    """
+    if not has_room(used, limit):
+        return False
+    if in_flight == 0:
+        return True
+    if high_water <= 0:
+        return False
+    return used + (in_flight + 1) * PARALLEL_MARGIN * high_water <= limit
+
+
+def number(metric: str, value: Decimal) -> int | float:
+    """A usage figure for JSON: whole units for everything but cost."""
+    return float(value) if metric == "cost" else int(value)
+
+
+def shown(metric: str, value: Decimal) -> str:
+    return f"{number(metric, value):g}" if metric == "cost" else str(int(value))
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """A budget without room: which one, and how far it was used."""
+
+    kind: str
+    scope: str
+    metric: str
+    used: Decimal
+    limit: Decimal
+
+    @property
+    def code(self) -> str:
+        return f"budget_exhausted:{self.metric}"
+
+    @property
+    def reason(self) -> str:
+        label = "per-run" if self.kind == PER_RUN else "daily"
+        figures = f"{shown(self.metric, self.used)}/{shown(self.metric, self.limit)}"
+        return f"{label} budget {self.metric} exhausted ({figures})"
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope,
+            "kind": self.kind,
+            "metric": self.metric,
+            "used": number(self.metric, self.used),
+            "limit": number(self.metric, self.limit),
+        }
+
+    def error(self) -> BudgetExhausted:
+        return BudgetExhausted(self.reason, code=self.code, data=self.data())
+
+
+# --- what a run is bound by --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """A run's limits at one moment: its own (snapshot), its pattern's day, its tool-loop."""
+
+    run_id: uuid.UUID
+    pattern_id: int
+    per_run: dict[str, Decimal]
+    daily: dict[str, Decimal]
+    tool_loop: ToolLoopPolicy
+    day: str
+
+    def sections(self) -> list[tuple[str, str, dict[str, Decimal]]]:
+        """(kind, scope, limits), per-run first: the order buckets are always touched in."""
+        return [(PER_RUN, run_scope(self.run_id), self.per_run), (DAILY, self.day, self.daily)]
+
+
+def _policy(data: Any) -> PatternPolicy | None:
+    try:
+        return PatternPolicy.model_validate(data or {})
+    except ValidationError:
+        return None
+
+
+def run_limits(run_id: uuid.UUID, now: datetime | None = None) -> RunLimits:
+    """Read a run's limits from the database (so a raise is seen at the next check)."""
+    row = (
+        LoopRun.objects.filter(pk=run_id)
+        .values("pattern_id", "policy_snapshot", "pattern__policy")
+        .get()
+    )
+    pinned = _policy(row["policy_snapshot"]) or PatternPolicy()
+    # The day's budget is the pattern's as it stands now; a stored policy that no longer
+    # parses (it was validated when saved) falls back to what the run pinned.
+    current = _policy(row["pattern__policy"]) or pinned
+    return RunLimits(
+        run_id=run_id,
+        pattern_id=int(row["pattern_id"]),
+        per_run=limits_of(pinned.budgets.perRun),
+        daily=limits_of(current.budgets.daily),
+        tool_loop=pinned.toolLoop,
+        day=daily_scope(int(row["pattern_id"]), now or timezone.now()),
+    )
+
+
+# --- buckets -----------------------------------------------------------------------------------
+
+
+def _ensure(scope: str, metrics: Iterable[str]) -> None:
+    UsageBucket.objects.bulk_create(
+        [UsageBucket(scope=scope, metric=m) for m in metrics], ignore_conflicts=True
+    )
+
+
+def usage(scope: str, metrics: Iterable[str]) -> dict[str, Decimal]:
+    wanted = list(metrics)
+    rows = dict(
+        UsageBucket.objects.filter(scope=scope, metric__in=wanted).values_list("metric", "value")
+    )
+    return {m: amount(rows.get(m) or 0) for m in wanted}
+
+
+def _lock(scope: str, metrics: list[str]) -> dict[str, Decimal]:
+    """Lock a scope's buckets (sorted by metric, the one order every writer uses)."""
+    _ensure(scope, metrics)
+    rows = UsageBucket.objects.select_for_update().filter(scope=scope, metric__in=metrics)
+    values = dict(rows.order_by("metric").values_list("metric", "value"))
+    return {m: amount(values.get(m) or 0) for m in metrics}
+
+
+def _param(value: Decimal) -> Any:
+    """A number for raw SQL: SQLite compares a text parameter (how Decimal is sent) as greater
+    than any number, so it gets an int or a float."""
+    if db.is_postgres():
+        return value
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
+def _upsert(scope: str, metric: str, n: Decimal, limit: Decimal | None) -> bool:
+    """Add ``n`` to the bucket (created at ``n``), unless the sum would pass ``limit``.
+
+    One ``INSERT … ON CONFLICT DO UPDATE … WHERE``: the database locks the existing row and
+    judges the condition on its latest committed value, so parallel writers never overtake one
+    another; the row count says whether it was applied.
+    """
+    if limit is not None and n > limit:
+        return False
+    guard = "" if limit is None else " WHERE loops_usagebucket.value + excluded.value <= %s"
+    now = db.now_sql()
+    sql = (
+        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "  # noqa: S608 (constants and placeholders only)
+        f"VALUES (%s, %s, %s, {now}) ON CONFLICT (scope, metric) DO UPDATE SET "
+        f"value = loops_usagebucket.value + excluded.value, updated_at = {now}{guard}"
+    )
+    params = [scope, metric, _param(n), *([] if limit is None else [_param(limit)])]
+    return db.execute(sql, params) == 1
+
+
+def _take(
+    kind: str, scope: str, metric: str, n: Decimal, limit: Decimal | None
+) -> Exhausted | None:
+    """Add ``n`` unless that would pass ``limit``; else what the budget stands at."""
+    if _upsert(scope, metric, n, limit):
+        return None
+    assert limit is not None
+    return Exhausted(kind, scope, metric, usage(scope, [metric])[metric], limit)
+
+
+def _add(scope: str, metric: str, n: Decimal) -> None:
+    """Add ``n`` whatever the limit (a metered charge: the call has happened)."""
+    _upsert(scope, metric, n, None)
+
+
+def _raise_to(scope: str, metric: str, n: Decimal) -> None:
+    _ensure(scope, [metric])
+    UsageBucket.objects.filter(scope=scope, metric=metric).update(
+        value=Greatest(F("value"), Value(n)), updated_at=timezone.now()
+    )
+
+
+def budget_take(limits: RunLimits, amounts: Mapping[str, int]) -> None:
+    """Take counted units on the run and the pattern's day, or raise :class:`BudgetExhausted`.
+
+    Call inside the transaction of the write it belongs to: a refusal raises, which rolls back
+    whatever this transaction already took.
+    """
+    for kind, scope, bounds in limits.sections():
+        for metric in sorted(amounts):
+            refused = _take(kind, scope, metric, amount(amounts[metric]), bounds.get(metric))
+            if refused is not None:
+                raise refused.error()
+
+
+def require_room(limits: RunLimits, metrics: Iterable[str] = METERED) -> None:
+    """Raise :class:`BudgetExhausted` when a metered budget of the run is used up."""
+    wanted = sorted(metrics)
+    for kind, scope, bounds in limits.sections():
+        bounded = [m for m in wanted if m in bounds]
+        for metric, used in usage(scope, bounded).items():
+            if not has_room(used, bounds[metric]):
+                raise Exhausted(kind, scope, metric, used, bounds[metric]).error()
+
+
+def budget_charge(limits: RunLimits, *, tokens: int, cost: float | Decimal) -> None:
+    """Add a finished call's tokens and cost to the run and its pattern's day (in the
+    transaction that persists the call), and release the run's admission on the day."""
+    charged = {"cost": amount(cost), "tokens": amount(tokens)}
+    for _kind, scope, _bounds in limits.sections():
+        for metric, n in sorted(charged.items()):
+            if n:
+                _add(scope, metric, n)
+    for metric, n in sorted(charged.items()):
+        if n and metric in limits.daily:
+            _raise_to(limits.day, high_water_metric(metric), n)
+    LoopRun.objects.filter(pk=limits.run_id, model_call_token__isnull=False).update(
+        model_call_token=None
+    )
+
+
+# --- the engine's checkpoints ------------------------------------------------------------------
+
+INVOCATION_STARTED = "invocation.started"
+
+
+@transaction.atomic
+def budget_invocation_start(lease: Lease, *, role: str, invocation: str) -> bool:
+    """Count an invocation (and a verification for the verifier) as it starts, once.
+
+    Returns False for a resumed invocation (already counted). Raises :class:`BudgetExhausted`
+    when a budget has no room for it, counting nothing.
+    """
+    fenced_touch(lease)
+    started = LoopEvent.objects.filter(
+        run_id=lease.run_id, type=INVOCATION_STARTED, data__invocation=invocation
+    )
+    if started.exists():
+        return False
+    limits = run_limits(lease.run_id)
+    amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
+    budget_take(limits, amounts)
+    require_room(limits)
+    run_event_append(
+        run_id=lease.run_id,
+        type=INVOCATION_STARTED,
+        actor=lease.owner,
+        data={"invocation": invocation, "role": role},
+        lease=lease,
+    )
+    return True
+
+
+def tool_call_amounts(name: str) -> dict[str, int]:
+    return {"toolCalls": 1, **({"delegations": 1} if name in DELEGATION_TOOLS else {})}
+
+
+def _live_calls(pattern_id: int, run_id: uuid.UUID) -> int:
+    """Model calls of other runs of the pattern admitted on the day and not charged yet,
+    whose lease is alive (a dead lease's admission holds nothing). Database clock."""
+    return (
+        LoopRun.objects.filter(
+            pattern_id=pattern_id,
+            model_call_token=F("lease_token"),
+            lease_owner__isnull=False,
+            lease_expires_at__gt=Now(),
+        )
+        .exclude(pk=run_id)
+        .count()
+    )
+
+
+@transaction.atomic
+def budget_admit_model_call(lease: Lease) -> float | None:
+    """May the run's next model call start now? None: yes (admitted). A number: ask again
+    after that many seconds (another run's call is in flight near a shared limit). Raises
+    :class:`BudgetExhausted` when a tokens or cost budget is used up."""
+    fenced_touch(lease)
+    limits = run_limits(lease.run_id)
+    require_room(limits)
+    shared = sorted(m for m in METERED if m in limits.daily)
+    if not shared:
+        return None
+    used = _lock(limits.day, shared)  # serialises admissions on the pattern's day
+    for metric in shared:
+        if not has_room(used[metric], limits.daily[metric]):
+            raise Exhausted(DAILY, limits.day, metric, used[metric], limits.daily[metric]).error()
+    in_flight = _live_calls(limits.pattern_id, lease.run_id)
+    high = usage(limits.day, [high_water_metric(m) for m in shared])
+    for metric in shared:
+        top = high[high_water_metric(metric)]
+        if not parallel_admissible(used[metric], limits.daily[metric], in_flight, top):
+            return ADMISSION_RETRY_SECONDS
+    LoopRun.objects.filter(pk=lease.run_id, lease_token=lease.token).update(
+        model_call_token=lease.token
+    )
+    return None
+
+
+# --- trigger refusal and operator raises ------------------------------------------------------
+
+
+def daily_exhaustion(pattern: LoopPattern, now: datetime | None = None) -> Exhausted | None:
+    """The first daily budget of the pattern that is used up today, if any."""
+    policy = _policy(pattern.policy)
+    if policy is None:
+        return None
+    bounds = limits_of(policy.budgets.daily)
+    scope = daily_scope(pattern.pk, now or timezone.now())
+    for metric, used in usage(scope, sorted(bounds)).items():
+        if used >= bounds[metric]:
+            return Exhausted(DAILY, scope, metric, used, bounds[metric])
+    return None
+
+
+def spent_message(spent: Exhausted, now: datetime) -> str:
+    return f"{spent.reason}; it resets at {iso(next_reset(now))}"
+
+
+def daily_budget_refusal(pattern: LoopPattern, now: datetime | None = None) -> str | None:
+    """Why the pattern refuses new runs because of its daily budget, or None."""
+    now = now or timezone.now()
+    spent = daily_exhaustion(pattern, now)
+    return spent_message(spent, now) if spent else None
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _raise_problem(metric: str, old: Any, new: Any) -> str | None:
+    """Why setting ``metric`` from ``old`` to ``new`` (None: no limit) is not a raise."""
+    if old is None and new is not None:
+        return f"{metric} has no per-run limit on this run; {new} would lower it"
+    if old is not None and new is not None and new < old:
+        return f"{metric} is limited to {old} on this run; {new} would lower it"
+    return None
+
+
+def _raised_limits(current: Budget, raised: Budget) -> dict[str, dict[str, Any]]:
+    """metric → {from, to} for every metric the request sets (``to`` None: no limit any
+    more); refuses any lowering, naming every offending metric."""
+    changes: dict[str, dict[str, Any]] = {}
+    errors = []
+    for metric in sorted(raised.model_fields_set):
+        old, new = getattr(current, metric), getattr(raised, metric)
+        problem = _raise_problem(metric, old, new)
+        if problem:
+            errors.append({"pointer": f"/perRun/{metric}", "detail": problem, "code": "lower"})
+        else:
+            changes[metric] = {"from": old, "to": new}
+    if errors:
+        raise InvalidInput(f"Budgets can only be raised: {errors[0]['detail']}.", errors=errors)
+    return changes
+
+
+def _parse_budget(data: Any) -> Budget:
+    try:
+        return Budget.model_validate(data)
+    except ValidationError as exc:
+        errors = pydantic_errors(exc, "/perRun")
+        raise InvalidInput(f"The budget is invalid: {errors[0]['detail']}", errors=errors) from exc
+
+
+@transaction.atomic
+def run_budget_raise(*, run_id: uuid.UUID, per_run: Any, actor: str) -> LoopRun:
+    """Raise limits of the run's own budget (merged into its ``policy_snapshot``).
+
+    Only raising is allowed: every given metric gets a limit at least as high as the run's, or
+    ``null`` for no limit (to hold a run back, pause or cancel it instead). A run that is still
+    going sees the new limits at its next check; a blocked run continues after ``resume``.
+    Daily limits belong to the pattern: raise them by updating the pattern's policy.
+    """
+    run = LoopRun.objects.select_for_update().get(pk=run_id)
+    if run.status in {s.value for s in state.TERMINAL}:
+        raise Conflict(
+            f"Cannot change the budget of a run that is '{run.status}'.",
+            current_status=run.status,
+        )
+    raised = _parse_budget(per_run)
+    if not raised.model_fields_set:
+        raise InvalidInput(
+            "Name at least one perRun limit to raise.",
+            errors=[{"pointer": "/perRun", "detail": "is empty", "code": "required"}],
+        )
+    snapshot = dict(run.policy_snapshot or {})
+    budgets = dict(snapshot.get("budgets") or {})
+    current = _parse_budget(budgets.get("perRun") or {})
+    changes = _raised_limits(current, raised)
+    merged = current.model_copy(update={m: c["to"] for m, c in changes.items()})
+    budgets["perRun"] = merged.model_dump(mode="json")
+    snapshot["budgets"] = budgets
+    LoopRun.objects.filter(pk=run.pk).update(policy_snapshot=snapshot, updated_at=timezone.now())
+    run_event_append(run_id=run.pk, type="budget.raised", actor=actor, data={"perRun": changes})
+    return LoopRun.objects.get(pk=run.pk)
+
+
+def run_budget_usage(run: LoopRun, now: datetime | None = None) -> dict[str, Any]:
+    """What the run and its pattern's day used, against their limits (for the API)."""
+    limits = run_limits(run.pk, now)
+    out: dict[str, Any] = {}
+    for kind, scope, bounds in limits.sections():
+        used = usage(scope, METRICS)
+        out[kind] = {
+            "scope": scope,
+            **{
+                metric: {
+                    "used": number(metric, used[metric]),
+                    "limit": number(metric, bounds[metric]) if metric in bounds else None,
+                }
+                for metric in METRICS
+            },
+        }
+    return out

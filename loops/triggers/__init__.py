@@ -1,0 +1,1 @@
+"""Triggers: cron arithmetic and the scheduler tick, event intake, and trigger refusals."""

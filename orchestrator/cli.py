@@ -1,0 +1,330 @@
+"""``loopwright``: trigger a pattern and follow its run from a terminal.
+
+    loopwright trigger <pattern> [--input key=value ...] [--watch]
+    loopwright watch <run-id>
+
+It talks to the REST API only (no Django import, so it starts fast and runs anywhere):
+``LOOPWRIGHT_URL`` (default http://127.0.0.1:8000) and ``LOOPWRIGHT_TOKEN`` (a bearer API token,
+see ``manage.py create_api_token``). Exit codes: 0 the run succeeded (or was triggered without
+``--watch``), 1 an error (configuration, network, the API refused), 2 the run ended otherwise or
+is parked waiting for a human, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TextIO
+
+import httpx2
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+POLL_SECONDS = 0.5
+TERMINAL = {"succeeded", "failed", "canceled"}
+#: Parked states: the run holds no worker and waits for a person.
+PARKED = {"waiting_approval", "waiting_human", "paused", "blocked"}
+EXIT_OK, EXIT_ERROR, EXIT_NOT_SUCCEEDED, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: Consecutive failed polls tolerated while watching (a restarting server), ~15 s.
+MAX_POLL_FAILURES = 30
+
+
+class CliError(Exception):
+    """Something to tell the user, then exit 1. ``transient``: worth retrying (network, 5xx)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+# --- API access ----------------------------------------------------------------------------------
+
+
+def _problem_text(response: httpx2.Response) -> str:
+    """A problem+json body as 'title: detail' plus one line per field error."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text[:300]}"
+    if not isinstance(body, dict):
+        return f"HTTP {response.status_code}: {str(body)[:300]}"
+    title = body.get("title") or f"HTTP {response.status_code}"
+    lines = [f"{title}: {body.get('detail', '')}".rstrip(": ")]
+    for error in body.get("errors") or []:
+        if isinstance(error, dict):
+            where = str(error.get("pointer") or "").lstrip("/").replace("/", ".") or "body"
+            lines.append(f"  {where}: {error.get('detail', '')}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Api:
+    """A thin client of the Loopwright REST API."""
+
+    url: str
+    token: str
+    client: httpx2.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx2.Client(
+            base_url=self.url.rstrip("/"),
+            headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+            timeout=httpx2.Timeout(10.0),
+        )
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.client.request(method, f"/api/v1/{path}", **kwargs)
+        except httpx2.TransportError as exc:
+            raise CliError(
+                f"Cannot reach Loopwright at {self.url} (LOOPWRIGHT_URL): {exc}", transient=True
+            ) from exc
+        if response.status_code >= 400:
+            raise CliError(_problem_text(response), transient=response.status_code >= 500)
+        return response.json()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def api_from_env(environ: dict[str, str] | None = None) -> Api:
+    env = os.environ if environ is None else environ
+    token = env.get("LOOPWRIGHT_TOKEN", "").strip()
+    if not token:
+        raise CliError(
+            "LOOPWRIGHT_TOKEN is not set: export LOOPWRIGHT_TOKEN=<API token> "
+            "(create one with `manage.py create_api_token <username> --role operator`)."
+        )
+    return Api(url=env.get("LOOPWRIGHT_URL", "").strip() or DEFAULT_URL, token=token)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+def parse_inputs(pairs: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs; a value that is valid JSON is taken as JSON, else as a string."""
+    inputs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--input {pair!r}: expected key=value.")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        inputs[key.strip()] = value
+    return inputs
+
+
+# --- watching ------------------------------------------------------------------------------------
+
+
+def _clock(stamp: str | None) -> str:
+    if not stamp:
+        return "--:--:--"
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).strftime("%H:%M:%S")
+    except ValueError:
+        return stamp[:8]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_event(event: dict[str, Any]) -> str:
+    """One line: time, type, from→to, actor, and a few data items."""
+    moved = ""
+    if event.get("to_status"):
+        moved = f"{event.get('from_status') or '·'}→{event['to_status']}"
+    data = event.get("data") or {}
+    items = " ".join(f"{k}={_short(v)}" for k, v in list(data.items())[:4] if v not in ("", None))
+    actor = f"by {event['actor']}" if event.get("actor") else ""
+    parts = [_clock(event.get("created_at")), f"#{event.get('seq')}", event.get("type", "?")]
+    return "  ".join(p for p in [*parts, moved, actor, items] if p)
+
+
+def _duration(run: dict[str, Any]) -> str:
+    start = run.get("started_at") or run.get("created_at")
+    end = run.get("finished_at") or run.get("updated_at")
+    if not start or not end:
+        return "-"
+    seconds = (
+        datetime.fromisoformat(end.replace("Z", "+00:00"))
+        - datetime.fromisoformat(start.replace("Z", "+00:00"))
+    ).total_seconds()
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def summary_lines(run: dict[str, Any]) -> list[str]:
+    lines = [
+        f"run {run['id']} ({run.get('pattern')}): {run['status'].upper()}",
+        f"  duration {_duration(run)}, {run.get('step_count', 0)} steps, "
+        f"attempts {run.get('attempts', 0)}",
+    ]
+    if run.get("terminal_reason"):
+        lines.append(f"  reason: {run['terminal_reason']}")
+    if run.get("failure_reason"):
+        lines.append(f"  failure: {run['failure_reason']}")
+    return lines
+
+
+def _parked_advice(api: Api, run: dict[str, Any]) -> list[str]:
+    status, run_id = run["status"], run["id"]
+    if status == "waiting_approval":
+        lines = ["The run waits for an approval of a gated tool call:"]
+        try:
+            pending = api.request("GET", "approvals", params={"run": run_id, "status": "pending"})
+        except CliError:
+            pending = {"results": []}
+        for approval in pending.get("results", []):
+            lines.append(
+                f"  approval {approval['id']}: {approval.get('tool_name')} "
+                f"{_short(approval.get('arguments'), 80)}"
+            )
+            lines.append(
+                f"    decide: POST /api/v1/approvals/{approval['id']}/decide "
+                '{"decision": "approve"} (or "reject" with a "reason")'
+            )
+        lines.append(f"Then follow it again: loopwright watch {run_id}")
+        return lines
+    if status == "waiting_human":
+        return [
+            "The run waits for a human: review its result, then",
+            f"  accept: POST /api/v1/runs/{run_id}/accept, or cancel/retry it.",
+        ]
+    return [
+        f"The run is {status}: resume it with POST /api/v1/runs/{run_id}/resume "
+        f"(blocked runs need their budget raised first), then loopwright watch {run_id}.",
+    ]
+
+
+@dataclass
+class Watcher:
+    """Follows a run's events until it ends or parks; ``sleep`` is injectable for tests."""
+
+    api: Api
+    out: TextIO
+    sleep: Callable[[float], None] = time.sleep
+    after_seq: int = 0
+    failures: int = 0
+    reached: bool = False
+
+    def poll(self, run_id: str) -> None:
+        """Print the events after the last one printed."""
+        while True:
+            page = self.api.request(
+                "GET", f"runs/{run_id}/events", params={"after_seq": self.after_seq, "limit": 200}
+            )
+            for event in page.get("results", []):
+                print(format_event(event), file=self.out, flush=True)
+                self.after_seq = max(self.after_seq, int(event["seq"]))
+            if not page.get("next"):
+                return
+
+    def _step(self, run_id: str) -> dict[str, Any] | None:
+        """One poll; a server that was reached and is briefly gone (a restart) is waited for."""
+        try:
+            self.poll(run_id)
+            run: dict[str, Any] = self.api.request("GET", f"runs/{run_id}")
+        except CliError as exc:
+            self.failures += 1
+            if not (exc.transient and self.reached) or self.failures >= MAX_POLL_FAILURES:
+                raise
+            return None
+        self.failures, self.reached = 0, True
+        return run
+
+    def follow(self, run_id: str) -> dict[str, Any]:
+        while True:
+            run = self._step(run_id)
+            if run is not None and run["status"] in TERMINAL | PARKED:
+                self.poll(run_id)  # events written between the poll and the read
+                return run
+            self.sleep(POLL_SECONDS)
+
+
+def watch(api: Api, run_id: str, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
+    print(f"watching run {run_id} (Ctrl-C stops watching; the run goes on)", file=out)
+    run = Watcher(api=api, out=out, sleep=sleep).follow(run_id)
+    print("", file=out)
+    for line in summary_lines(run):
+        print(line, file=out)
+    if run["status"] in PARKED:
+        for line in _parked_advice(api, run):
+            print(line, file=out)
+    return EXIT_OK if run["status"] == "succeeded" else EXIT_NOT_SUCCEEDED
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def cmd_trigger(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    inputs = parse_inputs(args.input or [])
+    run = api.request("POST", f"patterns/{args.pattern}/trigger", json={"inputs": inputs})
+    print(f"run {run['id']} of {run['pattern']} is {run['status']}", file=out)
+    if run.get("goal"):
+        print(f"  goal: {_short(run['goal'], 200)}", file=out)
+    if not args.watch:
+        return EXIT_OK
+    return watch(api, str(run["id"]), out)
+
+
+def cmd_watch(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    return watch(api, args.run_id, out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loopwright",
+        description="Trigger Loopwright patterns and follow their runs "
+        "(LOOPWRIGHT_URL, LOOPWRIGHT_TOKEN).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    trigger = commands.add_parser("trigger", help="start a run of a pattern")
+    trigger.add_argument("pattern", help="the pattern's key")
+    trigger.add_argument(
+        "--input",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a goal template input; the value is parsed as JSON when it is valid JSON "
+        "(repeatable)",
+    )
+    trigger.add_argument("--watch", action="store_true", help="follow the run until it ends")
+    trigger.set_defaults(handler=cmd_trigger)
+    follow = commands.add_parser("watch", help="follow a run's events until it ends")
+    follow.add_argument("run_id", help="the run's id")
+    follow.set_defaults(handler=cmd_watch)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        api = api_from_env()
+    except CliError as exc:
+        print(f"loopwright: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        handler: Callable[[Api, argparse.Namespace, TextIO], int] = args.handler
+        return handler(api, args, out)
+    except CliError as exc:
+        print(f"loopwright: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\nstopped watching; the run goes on.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        api.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
