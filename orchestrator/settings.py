@@ -133,6 +133,17 @@ else:
     _db.setdefault("OPTIONS", {})
     # Fail fast instead of hanging when the database is unreachable (D8: reconnect, not hang).
     _db["OPTIONS"].setdefault("connect_timeout", 5)
+    # A process frozen inside a transaction (SIGSTOP, a VM pause, a debugger) would hold its row
+    # locks forever and stall every other worker that touches those rows (a pattern's shared
+    # daily budget, say). PostgreSQL ends such a session after this long idle in a transaction;
+    # the frozen process finds its connection gone when it wakes, and its lease is fenced anyway.
+    # Nothing of ours keeps a transaction open while it waits (models and tools run outside).
+    _idle_tx_ms = int(env_float("LOOPWRIGHT_DB_IDLE_TX_TIMEOUT_SECONDS", 30.0) * 1000)
+    if _idle_tx_ms > 0:
+        _db["OPTIONS"]["options"] = (
+            f"{_db['OPTIONS'].get('options', '')} "
+            f"-c idle_in_transaction_session_timeout={_idle_tx_ms}"
+        ).strip()
 DATABASES = {"default": _db}
 DB_VENDOR = "sqlite" if _db["ENGINE"].endswith("sqlite3") else "postgresql"
 

@@ -49,7 +49,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 LEASE_SECONDS = 3.0
 RUNS = 3
 STEPS_PER_RUN = 15  # leader, maker, verifier x 5
-BASE_ENV = {"LW_TEST_STEPS": "5", "LW_TEST_STEP_SLEEP": "0.1"}
+# The frozen zombie may be caught inside a transaction of one of its other runs, holding a row
+# the rescuer needs (the pattern's daily usage bucket): PostgreSQL ends that session after this.
+BASE_ENV = {
+    "LW_TEST_STEPS": "5",
+    "LW_TEST_STEP_SLEEP": "0.1",
+    "LOOPWRIGHT_DB_IDLE_TX_TIMEOUT_SECONDS": "5",
+}
 
 
 def _max_attempt_id() -> int:
