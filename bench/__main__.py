@@ -1,4 +1,4 @@
-"""``python -m bench [--smoke] [--only NAME]``: every benchmark, printed as one table.
+"""``python -m bench [--smoke] [NAME ...]``: every benchmark (or those named), as one table.
 
 Each benchmark module exposes ``run(smoke: bool = False) -> list[dict]``; each row has at least
 ``figure``, ``target``, ``passed`` and a measured value (``median`` / ``median_ms``), optionally
@@ -17,7 +17,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ["claims", "harness_compile", "sandbox_latency"]
+BENCHMARKS = [
+    # The engine (issue 9): the database floor first, its figures are the others' references.
+    "raw_reference",
+    "step_overhead",
+    "throughput",
+    "dispatch",
+    "resume",
+    "claims",
+    "harness_compile",
+    "sandbox_latency",
+    "skill_latency",
+    "scheduler",
+    "approvals",
+    # LangGraph + PostgresSaver's own rows (optional extra ``bench``; says so when missing).
+    "peer_langgraph",
+]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -49,14 +64,31 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def _say_whether_the_peer_runs() -> None:
+    from bench import peer_langgraph
+
+    if not peer_langgraph.available():
+        print(
+            f"[peer_langgraph] skipped: {peer_langgraph.NOT_INSTALLED}; the rows say so and "
+            "carry no ratio to LangGraph",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check they work")
     parser.add_argument("--only", action="append", choices=BENCHMARKS)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (of {', '.join(BENCHMARKS)})")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    args.only = [*(args.only or []), *args.names] or None
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
     rows: list[dict[str, Any]] = []
     errors = 0
+    _say_whether_the_peer_runs()
     for name in args.only or BENCHMARKS:
         try:
             module = importlib.import_module(f"bench.{name}")

@@ -1,7 +1,8 @@
 """Claim throughput: runs claimed and completed per second by 4 worker processes on PostgreSQL.
 
-Two workloads on the same server, in a scratch database ``lw_bench`` that this command creates,
-migrates and drops (it never touches another database):
+Two workloads on the same server, in a scratch database ``lw_bench_claims`` (the prefix is
+``LOOPWRIGHT_BENCH_DB_PREFIX``) that this command creates, migrates and drops (it never touches
+another database):
 
 - **ours**: each process loops ``run_claim(limit=1)`` (SKIP LOCKED claim with lease, fencing
   token and ``lease.claimed`` event), then completes the run through the engine's only status
@@ -34,7 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "lw_bench"
+BENCH_DB = os.environ.get("LOOPWRIGHT_BENCH_DB_PREFIX", "lw_bench_") + "claims"
 PROCESSES = 4
 TARGET = 1000.0
 AUDIT_TABLE = "lw_claim_audit"
@@ -305,7 +306,7 @@ def _summary(rates: list[float]) -> tuple[float, float]:
 
 
 def run(smoke: bool = False) -> list[dict[str, Any]]:
-    """Create ``lw_bench``, measure both workloads (>= 3 repeats each), drop it."""
+    """Create the scratch database, measure both workloads (>= 3 repeats each), drop it."""
     runs, repeats = (100, 1) if smoke else (5000, 3)
     var_dir = tempfile.mkdtemp(prefix="lw-bench-var-")
     env = _child_env(var_dir)

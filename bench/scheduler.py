@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "lw_bench_sched"
+BENCH_DB = os.environ.get("LOOPWRIGHT_BENCH_DB_PREFIX", "lw_bench_") + "sched"
 TICK_TARGET_MS = 200.0
 BURST_TARGET = 50.0
 EVENT_TARGET_MS = 50.0

@@ -235,3 +235,146 @@ class CompileForm(forms.Form):
                     f"[{index}]: effect must be one of {', '.join(sorted(effects))}."
                 )
         return tools
+
+
+# --- Approvals --------------------------------------------------------------------------------
+
+
+class DecideForm(forms.Form):
+    """One decision on a gated call. ``input`` holds the arguments as the approver left them:
+    unchanged means "approve as proposed"; changed means "approve these instead" (the service
+    validates them against the tool's schema and the run's policy). A rejection ignores it."""
+
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    input = forms.CharField(
+        label="Arguments (JSON)",
+        required=False,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
+        help_text="Edit them to approve a changed call; they must fit the tool's parameters.",
+    )
+    reason = forms.CharField(
+        label="Reason",
+        max_length=2000,
+        required=False,
+        help_text="Shown in the run's history; a rejection's reason is what the model is told.",
+    )
+
+    def __init__(self, *args: Any, proposed: dict[str, Any], **kwargs: Any) -> None:
+        kwargs.setdefault("initial", {"input": json.dumps(proposed, indent=2, ensure_ascii=False)})
+        super().__init__(*args, **kwargs)
+        self.proposed = proposed
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        cleaned["edited"] = None
+        if cleaned.get("decision") != "approve" or not cleaned.get("input"):
+            return cleaned
+        try:
+            parsed = json.loads(cleaned["input"])
+        except json.JSONDecodeError as exc:
+            self.add_error("input", _json_error(exc))
+            return cleaned
+        if not isinstance(parsed, dict):
+            self.add_error("input", "Must be a JSON object ({…}) of the tool's arguments.")
+        elif parsed != self.proposed:
+            cleaned["edited"] = parsed
+        return cleaned
+
+
+# --- Skills -----------------------------------------------------------------------------------
+
+
+class SkillForm(forms.Form):
+    """The editable fields of a skill. ``tool_name`` is typed once; when editing it is shown
+    read-only and ``skill_update`` refuses a different one (agents call the skill by it)."""
+
+    tool_name = forms.CharField(
+        max_length=48,
+        label="Tool name",
+        help_text="Lower-case letters, digits and '_'; agents call it skill_hub_<tool name>. "
+        "Cannot change after creation.",
+        widget=forms.TextInput(attrs={"class": "mono", "autocomplete": "off"}),
+    )
+    title = forms.CharField(max_length=200, widget=forms.TextInput(_TEXT))
+    description = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="What the skill does; agents and MCP clients read it.",
+    )
+    instructions = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="How to use it, appended to the tool description.",
+    )
+    language = forms.ChoiceField(choices=[("python", "Python"), ("node", "Node.js")])
+    input_schema = JsonField(
+        kind=dict,
+        label="Input schema",
+        initial='{\n  "type": "object",\n  "properties": {},\n  "required": []\n}',
+        help_text='JSON Schema (2020-12) with "type": "object"; each {{placeholder}} of the '
+        "code must be one of its properties.",
+    )
+    code_template = forms.CharField(
+        label="Code template",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false", "class": "mono"}),
+        help_text="The program; {{name}} is replaced by the input as a literal of the language. "
+        "Files written under out/ are kept as output files. Inputs are also on stdin as JSON.",
+    )
+    packages = NameListField(
+        required=False, help_text="Packages the program needs, one per line (informational)."
+    )
+    timeout_seconds = forms.IntegerField(
+        label="Timeout (seconds)", initial=30, help_text="1 to 600; the sandbox kills it after."
+    )
+    max_output_size_mb = forms.IntegerField(
+        label="Max output (MB)", initial=1, help_text="1 to 100: stdout, stderr and each file."
+    )
+    enabled = forms.BooleanField(required=False, initial=True)
+    auto_call = forms.BooleanField(
+        required=False,
+        label="Auto call (no approval gate: agents see the tool as read-only)",
+    )
+    tool_scope = forms.ChoiceField(
+        label="Tool scope",
+        choices=[
+            ("general", "General (all employees)"),
+            ("specified", "Specified employees"),
+            ("custom", "Custom (bound per employee)"),
+        ],
+        initial="general",
+    )
+    employees = NameListField(
+        required=False,
+        help_text="Specified scope: employee usernames, comma-separated or one per line.",
+    )
+
+    def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.editing = editing
+        if editing:
+            field = self.fields["tool_name"]
+            field.required = False
+            field.widget.attrs.update({"readonly": True, "aria-readonly": "true"})
+            field.help_text = "Cannot change: agents and MCP clients call the skill by it."
+
+    @classmethod
+    def initial_of(cls, skill: Any) -> dict[str, Any]:
+        return {name: getattr(skill, name) for name in cls.base_fields}
+
+    def service_fields(self) -> dict[str, Any]:
+        """Cleaned data as ``skill_create`` / ``skill_update`` take it (no ``tool_name``)."""
+        data = dict(self.cleaned_data)
+        data.pop("tool_name", None)
+        return data
+
+
+class SkillTestForm(forms.Form):
+    inputs = JsonField(
+        kind=dict,
+        required=False,
+        initial="{}",
+        label="Inputs (JSON)",
+        help_text="A JSON object matching the input schema.",
+    )

@@ -15,7 +15,15 @@ from django.http import Http404
 
 from harness.models import HarnessProfile, HarnessProfileVersion
 from harness.selectors import profile_get_or_none, profile_list
-from loops.models import LoopEvent, LoopPattern, LoopRun, LoopStep, RunStatus, TriggerType
+from loops.models import (
+    LoopArtifact,
+    LoopEvent,
+    LoopPattern,
+    LoopRun,
+    LoopStep,
+    RunStatus,
+    TriggerType,
+)
 from orchestrator.agents.models import Employee, ModelEndpoint
 from orchestrator.runtime.secrets import api_key_configured
 
@@ -311,13 +319,20 @@ def run_events(run_id: uuid.UUID, *, after_seq: int = 0) -> list[LoopEvent]:
 
 def patterns_with_last_run() -> list[LoopPattern]:
     """Every pattern with the status and id of its newest run (``last_run_*``)."""
+    from loops.triggers.scheduler import pattern_next_fire_at
+
     newest = LoopRun.objects.filter(pattern=OuterRef("pk")).order_by("-created_at", "-id")
-    return list(
-        LoopPattern.objects.annotate(
+    patterns: list[LoopPattern] = list(
+        LoopPattern.objects.select_related("cron_schedule")
+        .annotate(
             last_run_status=Subquery(newest.values("status")[:1]),
             last_run_id=Subquery(newest.values("id")[:1]),
-        ).order_by("key")
+        )
+        .order_by("key")
     )
+    for pattern in patterns:
+        pattern.next_fire_at = pattern_next_fire_at(pattern)  # type: ignore[attr-defined]
+    return patterns
 
 
 def pattern_keys() -> list[str]:
@@ -325,9 +340,12 @@ def pattern_keys() -> list[str]:
 
 
 def pattern_detail(key: str) -> LoopPattern:
-    pattern = LoopPattern.objects.filter(key=key).first()
+    from loops.triggers.scheduler import pattern_next_fire_at
+
+    pattern = LoopPattern.objects.select_related("cron_schedule").filter(key=key).first()
     if pattern is None:
         raise Http404(f"There is no pattern {key!r}.")
+    pattern.next_fire_at = pattern_next_fire_at(pattern)  # type: ignore[attr-defined]
     return pattern
 
 
@@ -409,3 +427,12 @@ def endpoint_detail(name: str) -> EndpointView:
     if found is None:
         raise Http404(f"There is no model endpoint {name!r}.")
     return EndpointView(found, api_key_configured(found.api_key_env))
+
+
+#: Text of an artifact shown inline on the run page at most (the API serves all of it).
+ARTIFACT_PREVIEW_CHARS = 200_000
+
+
+def run_artifacts(run_id: uuid.UUID) -> list[LoopArtifact]:
+    """The run's artifacts, oldest first (diffs, reports), for the run page."""
+    return list(LoopArtifact.objects.filter(run_id=run_id).order_by("created_at", "id"))

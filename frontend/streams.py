@@ -281,6 +281,7 @@ class RunFeed:
                 "frontend/runs/_actions.html", context, request=self.request
             ),
             "verdict_html": render_to_string("frontend/runs/_verdict.html", context),
+            "artifacts_html": render_to_string("frontend/runs/_artifacts.html", context),
         }
         return Message("run", data)
 

@@ -6,7 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from frontend import streams
-from frontend.views import agents, patterns, policies, runs
+from frontend.views import agents, approvals, metrics, patterns, policies, runs, skills
 
 app_name = "ui"
 _ACTIONS = "pause|resume|cancel|escalate|accept"
@@ -29,6 +29,12 @@ urlpatterns = [
         rf"^runs/(?P<run_id>[^/]+)/(?P<action>{_ACTIONS})$", runs.run_action, name="run-action"
     ),
     path("runs/<str:run_id>/retry", runs.run_retry_view, name="run-retry"),
+    # Approvals (notifications link to "approvals/<id>")
+    path("approvals", approvals.approval_list, name="approvals"),
+    path("approvals/<str:approval_id>", approvals.approval_detail, name="approval"),
+    path(
+        "approvals/<str:approval_id>/decide", approvals.approval_decide_view, name="approval-decide"
+    ),
     # Patterns
     path("patterns", patterns.pattern_list, name="patterns"),
     path("patterns/new", patterns.pattern_create_view, name="pattern-create"),
@@ -51,6 +57,23 @@ urlpatterns = [
     path("employees", agents.employee_list, name="employees"),
     path("employees/<slug:username>", agents.employee_detail, name="employee"),
     path("endpoints/<slug:name>", agents.endpoint_detail, name="endpoint"),
+    # Skills
+    path("skills", skills.skill_list, name="skills"),
+    path("skills/new", skills.skill_create_view, name="skill-create"),
+    path("skills/<slug:tool_name>", skills.skill_detail, name="skill"),
+    path("skills/<slug:tool_name>/edit", skills.skill_edit_view, name="skill-edit"),
+    path("skills/<slug:tool_name>/test", skills.skill_test_view, name="skill-test"),
+    path(
+        "skills/<slug:tool_name>/executions/<str:execution_id>",
+        skills.execution_detail,
+        name="skill-execution",
+    ),
+    path(
+        "skills/<slug:tool_name>/executions/<str:execution_id>/download",
+        skills.execution_download,
+        name="skill-execution-download",
+    ),
+    path("metrics", metrics.metrics, name="metrics"),
     # Live updates (server-sent events)
     path("ui/stream/runs", streams.runs_stream, name="stream-runs"),
     path("ui/stream/runs/<str:run_id>", streams.run_stream, name="stream-run"),

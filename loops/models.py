@@ -374,6 +374,8 @@ class ApprovalStatus(models.TextChoices):
     APPROVED = "approved"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    #: The run ended (canceled, failed) before anyone decided: nothing is left to decide.
+    WITHDRAWN = "withdrawn"
 
 
 class ActionApproval(models.Model):

@@ -61,6 +61,11 @@ def _start_driver(sender: Any = None, **kwargs: Any) -> None:
     """Start polling for due runs as soon as the worker is up, not at the first nudge."""
     from loops.worker.driver import get_driver
 
+    # A worker of other queues only (a skills worker: ``-Q skills``) drives no runs.
+    consumed = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+    names = set((getattr(consumed, "consume_from", None) or {}).keys())
+    if names and "loops" not in names:
+        return
     get_driver()
 
 

@@ -1,10 +1,44 @@
-"""One ASGI app served by uvicorn: Django (API, UI, admin). The MCP server mounts here later."""
+"""One ASGI app served by uvicorn: the Skill Hub's MCP server at ``/mcp`` and Django (API, UI,
+admin) for everything else.
+
+A Starlette app routes between them because the MCP SDK's streamable HTTP transport needs its
+session manager running for the app's whole life: the lifespan below enters the endpoint's
+``running()``, which runs ``session_manager.run()`` (a mounted sub-app's own lifespan never
+runs, which would leave the SDK's task group uninitialised). Serve with uvicorn (its default
+``--lifespan auto`` runs it).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+# Django must be set up (above) before the Skill Hub's modules are imported.
+from starlette.applications import Starlette  # noqa: E402
+from starlette.routing import Mount, Route  # noqa: E402
+
+from skillhub.mcp import mcp_asgi  # noqa: E402
+
+mcp_application, mcp_endpoint = mcp_asgi()
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async with mcp_endpoint.running():
+        yield
+
+
+application = Starlette(
+    routes=[
+        Route("/mcp", endpoint=mcp_application, methods=["GET", "POST", "DELETE"]),
+        Mount("/", app=cast(Any, django_application)),
+    ],
+    lifespan=lifespan,
+)

@@ -36,6 +36,12 @@ app.conf.update(
             "schedule": float(os.environ.get("LOOPWRIGHT_CRON_TICK_SECONDS", "15")),
             "options": {"expires": 30},
         },
+        # Skill executions whose sandbox worker died go back to the queue (docs/skills.md).
+        "skillhub.recover": {
+            "task": "skillhub.recover",
+            "schedule": float(os.environ.get("LOOPWRIGHT_SKILL_POLLER_INTERVAL_SECONDS", "10")),
+            "options": {"expires": 30, "queue": "skills"},
+        },
     },
 )
 if app.conf.broker_url and str(app.conf.broker_url).startswith("filesystem://"):

@@ -205,6 +205,27 @@ LOOPWRIGHT: dict[str, Any] = {
     "CRON_GRACE_SECONDS": env_float("LOOPWRIGHT_CRON_GRACE_SECONDS", 60.0),
 }
 
+# --- Skill Hub (docs/skills.md) -----------------------------------------------------------------
+SKILLHUB: dict[str, Any] = {
+    # The Celery queue skill executions are sent to (a skills worker runs ``-Q <it>``).
+    "QUEUE": os.environ.get("LOOPWRIGHT_SKILL_QUEUE", "skills"),
+    # Executions each principal (API user or AI employee) may request per minute.
+    "RATE_LIMIT_PER_MINUTE": env_int("LOOPWRIGHT_SKILL_RATE_LIMIT_PER_MINUTE", 30),
+    # A claimed execution's lease: its timeout plus this margin (the run is never longer).
+    "LEASE_MARGIN_SECONDS": env_float("LOOPWRIGHT_SKILL_LEASE_MARGIN_SECONDS", 30.0),
+    "POLLER_INTERVAL_SECONDS": env_float("LOOPWRIGHT_SKILL_POLLER_INTERVAL_SECONDS", 10.0),
+    # A queued execution nobody claimed for this long is nudged again (a lost message).
+    "RENUDGE_AFTER_SECONDS": env_float("LOOPWRIGHT_SKILL_RENUDGE_AFTER_SECONDS", 30.0),
+    # Largest output file the download action serves.
+    "DOWNLOAD_MAX_BYTES": env_int("LOOPWRIGHT_SKILL_DOWNLOAD_MAX_BYTES", 10 * 1024 * 1024),
+    # Hosts (Host header) the MCP endpoint accepts besides loopback; comma-separated.
+    "MCP_ALLOWED_HOSTS": [
+        host.strip()
+        for host in os.environ.get("LOOPWRIGHT_MCP_ALLOWED_HOSTS", "").split(",")
+        if host.strip()
+    ],
+}
+
 #: Hard ceilings of every harness compilation (JSON, same schema as a profile's settings).
 LOOPWRIGHT_HARNESS_PLATFORM: dict[str, Any] = json.loads(
     os.environ.get("LOOPWRIGHT_HARNESS_PLATFORM") or "{}"

@@ -21,5 +21,6 @@ urlpatterns = [
     path("api/v1/", include("loops.urls")),
     path("api/v1/", include("harness.urls")),
     path("api/v1/", include("orchestrator.agents.urls")),
+    path("api/v1/", include("skillhub.urls")),
     path("", include("frontend.urls")),
 ]

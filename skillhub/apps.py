@@ -6,3 +6,10 @@ from django.apps import AppConfig
 class SkillhubConfig(AppConfig):
     name = "skillhub"
     verbose_name = "Skill Hub"
+
+    def ready(self) -> None:
+        from orchestrator.runtime.tools.registry import tool_provider_register
+        from orchestrator.runtime.tools.skills import SKILL_TOOLS
+
+        # Skills become tools of the production registry (AgentInvoker, approval re-checks).
+        tool_provider_register(SKILL_TOOLS)

@@ -49,6 +49,10 @@ TONES: dict[str, str] = {
     "ask": "warn",
     "deny": "bad",
     "canceled": "muted",
+    "pending": "warn",
+    "rejected": "bad",
+    "expired": "muted",
+    "withdrawn": "muted",
     "disabled": "muted",
 }
 _ROLE_ORDER = (Role.ADMIN, Role.OPERATOR, Role.APPROVER, Role.VIEWER)
@@ -242,6 +246,9 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "patterns": ("/patterns",),
         "policies": ("/policies",),
         "employees": ("/employees", "/endpoints"),
+        "approvals": ("/approvals",),
+        "skills": ("/skills",),
+        "metrics": ("/metrics",),
     }
     current = path == "/" if section == "monitor" else False
     current = current or path.startswith(prefixes.get(section, ()))
@@ -252,3 +259,33 @@ def nav_current(context: template.Context, section: str) -> SafeString:
 def user_can(context: template.Context, role: str) -> bool:
     """Whether the viewer holds ``role`` (to show or hide buttons; views check again)."""
     return has_role(context.get("user"), Role(role))
+
+
+@register.filter
+def seconds(value: float | None) -> str:
+    """A duration in seconds, compact ("42s", "3m", "2h 5m"); "—" when there is none."""
+    return "—" if value is None else _compact(value)
+
+
+def _diff_class(line: str) -> str:
+    if line.startswith(("+++", "---", "diff --git", "index ")):
+        return "diff-file"
+    if line.startswith("@@"):
+        return "diff-hunk"
+    if line.startswith("+"):
+        return "diff-add"
+    if line.startswith("-"):
+        return "diff-del"
+    return "diff-ctx"
+
+
+@register.filter
+def diff_lines(text: str | None) -> list[tuple[str, str]]:
+    """A unified diff as (css class, line) pairs; the template escapes the lines."""
+    return [(_diff_class(line), line) for line in (text or "").splitlines()]
+
+
+@register.filter
+def truncate_chars(text: str | None, limit: int) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit]

@@ -14,6 +14,7 @@ from frontend import selectors
 from frontend.access import actor_of, can, ui_view
 from frontend.forms import ActionForm
 from frontend.templatetags.ui import short_id
+from frontend.views.approvals import run_approvals
 from loops import state
 from loops.models import LoopRun, RunStatus
 from loops.services.runs import run_act, run_retry
@@ -79,6 +80,8 @@ def run_header_context(request: HttpRequest, run: LoopRun) -> dict[str, Any]:
         "usage": selectors.run_usage(run.id),
         "retries": selectors.run_retries(run.id),
         "actions": actions_for(request.user, run),
+        "approvals": run_approvals(request.user, run),
+        "artifacts": selectors.run_artifacts(run.id),
         "is_terminal": run.status in {s.value for s in state.TERMINAL},
     }
 

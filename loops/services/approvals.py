@@ -30,7 +30,7 @@ from loops.models import (
     RunStatus,
     StepStatus,
 )
-from loops.services.transitions import Lease, run_transition
+from loops.services.transitions import Lease, fenced_touch, run_event_append, run_transition
 from orchestrator.accounts.roles import Role, has_role
 from orchestrator.errors import Conflict, DomainError, InvalidInput
 
@@ -171,13 +171,20 @@ def _resume_if_settled(run: LoopRun, actor: str) -> None:
     )
 
 
+def _lock(approval_id: uuid.UUID) -> tuple[ActionApproval, LoopRun]:
+    """Lock the run, then the approval: the order ``run_transition`` (which withdraws a dead
+    run's approvals under the run's lock) uses too, so the two never deadlock."""
+    run_id = ActionApproval.objects.values_list("run_id", flat=True).get(pk=approval_id)
+    run = LoopRun.objects.select_for_update().get(pk=run_id)
+    return ActionApproval.objects.select_for_update().get(pk=approval_id), run
+
+
 @transaction.atomic
 def approval_decide(
     *, approval_id: uuid.UUID, user: Any, decision: str, input: Any = None, reason: str = ""
 ) -> ActionApproval:
     """Approve (optionally with edited input) or reject, exactly once."""
-    approval = ActionApproval.objects.select_for_update().select_related("run").get(pk=approval_id)
-    run = LoopRun.objects.select_for_update().get(pk=approval.run_id)
+    approval, run = _lock(approval_id)
     if not _may_decide(user, run):
         raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
     if approval.status != ApprovalStatus.PENDING:
@@ -209,8 +216,6 @@ def approval_decide(
         f"Rejected by {actor}" + (f": {reason}" if reason else "") + ". The call was not executed."
     )
     _rewrite_step(approval, arguments=final, content=rejected)
-    from loops.services.transitions import run_event_append
-
     run_event_append(
         run_id=run.id,
         type=f"approval.{approval.status}",
@@ -226,16 +231,115 @@ def approval_decide(
     return approval
 
 
+@transaction.atomic
+def approval_authorize_execution(
+    lease: Lease, *, seq: int, name: str, arguments: dict[str, Any]
+) -> str:
+    """The last check before an approved call runs (RELIABILITY.md A2): the call about to run
+    must be the approved one (tool name, canonical arguments, run, step, policy version) and
+    still be approved. Records ``executed_hash`` and returns "" when it may run; otherwise
+    records an ``approval.execution_refused`` event and returns why it may not.
+
+    Fenced by the lease: a worker that lost the run is refused (LeaseLost) before anything runs.
+    Idempotent for a re-issue of the same call after a crash (same hash, same key).
+    """
+    fenced_touch(lease)
+    approval = (
+        ActionApproval.objects.select_for_update().filter(run_id=lease.run_id, step_seq=seq).first()
+    )
+    refusal = _execution_refusal(lease.run_id, seq, approval, name, arguments)
+    if approval is None or refusal:
+        run_event_append(
+            run_id=lease.run_id,
+            type="approval.execution_refused",
+            actor=lease.owner,
+            lease=lease,
+            data={
+                "approval": str(approval.id) if approval else None,
+                "step": seq,
+                "tool": name,
+                "reason": refusal,
+            },
+        )
+        return f"The approved call was not run: {refusal}"
+    if not approval.executed_hash:
+        approval.executed_hash = approval.approved_hash
+        approval.save(update_fields=["executed_hash"])
+    return ""
+
+
+def _execution_refusal(
+    run_id: uuid.UUID,
+    seq: int,
+    approval: ActionApproval | None,
+    name: str,
+    arguments: dict[str, Any],
+) -> str:
+    if approval is None:
+        return "no approval exists for this call."
+    if approval.status != ApprovalStatus.APPROVED:
+        return f"its approval is {approval.status}, not approved."
+    step = LoopStep.objects.get(run_id=run_id, seq=seq)
+    run = LoopRun.objects.only("harness_snapshots").get(pk=run_id)
+    snapshot = _role_snapshot(run, approval.role, approval.employee_username)
+    if step.status != StepStatus.APPROVED or not step.idempotency_key.endswith(
+        f":approval:{approval.id}"
+    ):
+        return f"the step is '{step.status}' and not bound to approval {approval.id}."
+    if name != approval.tool_name:
+        return f"the tool {name!r} is not the approved {approval.tool_name!r}."
+    if _policy_version(snapshot) != approval.policy_version:
+        return f"the run's policy is {_policy_version(snapshot)}, not {approval.policy_version}."
+    digest = canonical_hash(name, arguments, str(run_id), seq, approval.policy_version)
+    if digest != approval.approved_hash:
+        return "its arguments differ from the approved ones."
+    return ""
+
+
 def approval_record_execution(*, run_id: uuid.UUID, step_seq: int, arguments: Any) -> None:
-    """Audit: the hash of what actually ran for an approved call (inside the step's transaction)."""
+    """The approved call finished: stamp ``executed_at`` (inside the step's transaction).
+
+    The hash of what ran was recorded when the call was authorized; ``arguments`` (the step's
+    at completion) must still match it, or nothing is stamped."""
     approval = ActionApproval.objects.filter(run_id=run_id, step_seq=step_seq).first()
-    if approval is None or approval.status != ApprovalStatus.APPROVED:
-        return
-    approval.executed_hash = canonical_hash(
+    if approval is None or not approval.executed_hash:
+        return  # not approved, or refused before it ran
+    digest = canonical_hash(
         approval.tool_name, arguments, str(run_id), step_seq, approval.policy_version
     )
-    approval.executed_at = timezone.now()
-    approval.save(update_fields=["executed_hash", "executed_at"])
+    if digest == approval.executed_hash and approval.executed_at is None:
+        approval.executed_at = timezone.now()
+        approval.save(update_fields=["executed_at"])
+
+
+def approvals_withdraw(*, run_id: uuid.UUID, actor: str, status: str) -> int:
+    """The run ended (``status``) while calls of it waited for a decision: withdraw them, so
+    the queue never shows a dead run's approvals and a late decision is a clean 409.
+
+    Call inside the terminal transition's transaction, with the run row locked."""
+    pending = list(
+        ActionApproval.objects.select_for_update().filter(
+            run_id=run_id, status=ApprovalStatus.PENDING
+        )
+    )
+    now = timezone.now()
+    for approval in pending:
+        approval.status, approval.decided_by, approval.decided_at = (
+            ApprovalStatus.WITHDRAWN,
+            actor,
+            now,
+        )
+        approval.decision_reason = f"Withdrawn: the run ended ({status}) before anyone decided."
+        approval.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
+        try:
+            _rewrite_step(
+                approval,
+                arguments=None,
+                content=f"The run ended ({status}) before anyone decided; the call was not run.",
+            )
+        except Conflict:
+            continue  # the step is no longer gated: nothing to rewrite
+    return len(pending)
 
 
 def approvals_expire(*, limit: int = 200) -> int:
@@ -252,10 +356,9 @@ def approvals_expire(*, limit: int = 200) -> int:
 
 @transaction.atomic
 def _expire_one(approval_id: uuid.UUID) -> None:
-    approval = ActionApproval.objects.select_for_update().get(pk=approval_id)
+    approval, run = _lock(approval_id)
     if approval.status != ApprovalStatus.PENDING:
         return
-    run = LoopRun.objects.select_for_update().get(pk=approval.run_id)
     approval.status, approval.decided_by, approval.decided_at = (
         ApprovalStatus.EXPIRED,
         "timeout",
@@ -286,8 +389,6 @@ def _expire_one(approval_id: uuid.UUID) -> None:
             },
         )
         return
-    from loops.services.transitions import run_event_append
-
     run_event_append(
         run_id=run.id, type="approval.expired", actor="timeout", data={"approval": str(approval.id)}
     )

@@ -32,6 +32,8 @@ day's budget is one shared pool whatever each run pinned.
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,10 +48,10 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from loops import db, state
-from loops.invokers import BudgetExhausted
+from loops.invokers import BudgetExhausted, LeaseLost
 from loops.models import LoopEvent, LoopPattern, LoopRun, UsageBucket
 from loops.policy import Budget, PatternPolicy, ToolLoopPolicy, pydantic_errors
-from loops.services.transitions import Lease, fenced_touch, run_event_append
+from loops.services.transitions import Lease, run_event_append
 from orchestrator.errors import Conflict, InvalidInput
 
 COUNTED = ("invocations", "toolCalls", "delegations", "verifications")
@@ -196,25 +198,106 @@ def _policy(data: Any) -> PatternPolicy | None:
         return None
 
 
-def run_limits(run_id: uuid.UUID, now: datetime | None = None) -> RunLimits:
-    """Read a run's limits from the database (so a raise is seen at the next check)."""
-    row = (
-        LoopRun.objects.filter(pk=run_id)
-        .values("pattern_id", "policy_snapshot", "pattern__policy")
-        .get()
-    )
-    pinned = _policy(row["policy_snapshot"]) or PatternPolicy()
+@dataclass(frozen=True)
+class _Parsed:
+    per_run: dict[str, Decimal]
+    daily: dict[str, Decimal]
+    tool_loop: ToolLoopPolicy
+
+
+def _as_text(value: Any) -> str:
+    """A JSON column as its text: the key of the parse cache (raw SQL returns text)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(snapshot: str, pattern_policy: str) -> _Parsed:
+    """The limits of a (run snapshot, pattern policy) pair of JSON texts. Cached: the texts
+    only change when a policy does, and validating them is most of a step's CPU otherwise."""
+    pinned = _policy(json.loads(snapshot) if snapshot else {}) or PatternPolicy()
     # The day's budget is the pattern's as it stands now; a stored policy that no longer
     # parses (it was validated when saved) falls back to what the run pinned.
-    current = _policy(row["pattern__policy"]) or pinned
-    return RunLimits(
-        run_id=run_id,
-        pattern_id=int(row["pattern_id"]),
+    current = (_policy(json.loads(pattern_policy)) if pattern_policy else None) or pinned
+    return _Parsed(
         per_run=limits_of(pinned.budgets.perRun),
         daily=limits_of(current.budgets.daily),
         tool_loop=pinned.toolLoop,
-        day=daily_scope(int(row["pattern_id"]), now or timezone.now()),
     )
+
+
+def limits_from_row(
+    run_id: uuid.UUID,
+    pattern_id: int,
+    snapshot: Any,
+    pattern_policy: Any,
+    now: datetime | None = None,
+) -> RunLimits:
+    """A run's limits from its row's ``policy_snapshot`` and its pattern's ``policy`` (JSON
+    text as raw SQL returns it, or decoded), read by the caller in its own statement."""
+    parsed = _parsed(_as_text(snapshot), _as_text(pattern_policy))
+    return RunLimits(
+        run_id=run_id,
+        pattern_id=int(pattern_id),
+        per_run=dict(parsed.per_run),
+        daily=dict(parsed.daily),
+        tool_loop=parsed.tool_loop,
+        day=daily_scope(int(pattern_id), now or timezone.now()),
+    )
+
+
+#: The columns :func:`limits_from_row` needs, for a statement on ``loops_looprun`` (a
+#: ``RETURNING`` list or a ``SELECT``): pattern id, pinned snapshot, the pattern's policy now.
+LIMIT_COLUMNS = (
+    "pattern_id, policy_snapshot, "
+    "(SELECT p.policy FROM loops_looppattern p WHERE p.id = loops_looprun.pattern_id)"
+)
+
+
+def fenced_limits(
+    lease: Lease,
+    *,
+    step_increment: int = 0,
+    event_increment: int = 0,
+    release_admission: bool = False,
+) -> tuple[int, int, RunLimits]:
+    """:func:`~loops.services.transitions.fenced_touch` that also reads the run's limits in the
+    same statement (``RETURNING``); ``release_admission`` also ends the run's admission on its
+    pattern's day (``model_call_token``, for a model step). Returns the new step count, the new
+    event seq and the limits.
+
+    The limits come from the updated row (its ``policy_snapshot``, so a raise is seen) and the
+    pattern's current policy: exactly what :func:`run_limits` reads, one round trip fewer. The
+    UPDATE takes the run's row lock first, as ``fenced_touch`` does."""
+    release = ", model_call_token = NULL" if release_admission else ""
+    sql = (
+        "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
+        f"event_seq = event_seq + %s, updated_at = {db.now_sql()}{release} "
+        "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
+        f"RETURNING step_count, event_seq, {LIMIT_COLUMNS}"
+    )
+    params = [step_increment, event_increment, db.uuid_param(lease.run_id), lease.owner]
+    rows = db.fetch_all(sql, [*params, lease.token])
+    if not rows:
+        raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
+    steps, events, pattern_id, snapshot, pattern_policy = rows[0]
+    limits = limits_from_row(lease.run_id, pattern_id, snapshot, pattern_policy)
+    return int(steps), int(events), limits
+
+
+def run_limits(run_id: uuid.UUID, now: datetime | None = None) -> RunLimits:
+    """Read a run's limits from the database (so a raise is seen at the next check)."""
+    rows = db.fetch_all(
+        f"SELECT {LIMIT_COLUMNS} FROM loops_looprun WHERE id = %s",  # noqa: S608 (constants)
+        [db.uuid_param(run_id)],
+    )
+    if not rows:
+        raise LoopRun.DoesNotExist(f"run {run_id} does not exist")
+    pattern_id, snapshot, pattern_policy = rows[0]
+    return limits_from_row(run_id, pattern_id, snapshot, pattern_policy, now)
 
 
 # --- buckets -----------------------------------------------------------------------------------
@@ -228,6 +311,8 @@ def _ensure(scope: str, metrics: Iterable[str]) -> None:
 
 def usage(scope: str, metrics: Iterable[str]) -> dict[str, Decimal]:
     wanted = list(metrics)
+    if not wanted:
+        return {}
     rows = dict(
         UsageBucket.objects.filter(scope=scope, metric__in=wanted).values_list("metric", "value")
     )
@@ -285,6 +370,22 @@ def _add(scope: str, metric: str, n: Decimal) -> None:
     _upsert(scope, metric, n, None)
 
 
+def _add_many(rows: list[tuple[str, str, Decimal]]) -> None:
+    """Add to several buckets whatever their limits, in one multi-row upsert (rows are taken
+    in the given order, which must be the one order every writer uses: per-run scope first,
+    then the day, metrics sorted)."""
+    if not rows:
+        return
+    now = db.now_sql()
+    values = ", ".join([f"(%s, %s, %s, {now})"] * len(rows))
+    sql = (
+        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "  # noqa: S608 (constants and placeholders only)
+        f"VALUES {values} ON CONFLICT (scope, metric) DO UPDATE SET "
+        f"value = loops_usagebucket.value + excluded.value, updated_at = {now}"
+    )
+    db.execute(sql, [p for scope, metric, n in rows for p in (scope, metric, _param(n))])
+
+
 def _raise_to(scope: str, metric: str, n: Decimal) -> None:
     _ensure(scope, [metric])
     UsageBucket.objects.filter(scope=scope, metric=metric).update(
@@ -298,7 +399,18 @@ def budget_take(limits: RunLimits, amounts: Mapping[str, int]) -> None:
     Call inside the transaction of the write it belongs to: a refusal raises, which rolls back
     whatever this transaction already took.
     """
-    for kind, scope, bounds in limits.sections():
+    sections = limits.sections()
+    if not any(metric in bounds for _k, _s, bounds in sections for metric in amounts):
+        # Nothing to judge (the usual case): count it everywhere in one statement.
+        _add_many(
+            [
+                (scope, metric, amount(amounts[metric]))
+                for _kind, scope, _bounds in sections
+                for metric in sorted(amounts)
+            ]
+        )
+        return
+    for kind, scope, bounds in sections:
         for metric in sorted(amounts):
             refused = _take(kind, scope, metric, amount(amounts[metric]), bounds.get(metric))
             if refused is not None:
@@ -310,25 +422,35 @@ def require_room(limits: RunLimits, metrics: Iterable[str] = METERED) -> None:
     wanted = sorted(metrics)
     for kind, scope, bounds in limits.sections():
         bounded = [m for m in wanted if m in bounds]
+        if not bounded:
+            continue
         for metric, used in usage(scope, bounded).items():
             if not has_room(used, bounds[metric]):
                 raise Exhausted(kind, scope, metric, used, bounds[metric]).error()
 
 
-def budget_charge(limits: RunLimits, *, tokens: int, cost: float | Decimal) -> None:
+def budget_charge(
+    limits: RunLimits, *, tokens: int, cost: float | Decimal, release_admission: bool = True
+) -> None:
     """Add a finished call's tokens and cost to the run and its pattern's day (in the
-    transaction that persists the call), and release the run's admission on the day."""
+    transaction that persists the call, one statement), and release the run's admission on
+    the day (``release_admission=False``: the caller's fenced update already did)."""
     charged = {"cost": amount(cost), "tokens": amount(tokens)}
-    for _kind, scope, _bounds in limits.sections():
-        for metric, n in sorted(charged.items()):
-            if n:
-                _add(scope, metric, n)
+    _add_many(
+        [
+            (scope, metric, n)
+            for _kind, scope, _bounds in limits.sections()
+            for metric, n in sorted(charged.items())
+            if n
+        ]
+    )
     for metric, n in sorted(charged.items()):
         if n and metric in limits.daily:
             _raise_to(limits.day, high_water_metric(metric), n)
-    LoopRun.objects.filter(pk=limits.run_id, model_call_token__isnull=False).update(
-        model_call_token=None
-    )
+    if release_admission:
+        LoopRun.objects.filter(pk=limits.run_id, model_call_token__isnull=False).update(
+            model_call_token=None
+        )
 
 
 # --- the engine's checkpoints ------------------------------------------------------------------
@@ -336,31 +458,47 @@ def budget_charge(limits: RunLimits, *, tokens: int, cost: float | Decimal) -> N
 INVOCATION_STARTED = "invocation.started"
 
 
-@transaction.atomic
 def budget_invocation_start(lease: Lease, *, role: str, invocation: str) -> bool:
     """Count an invocation (and a verification for the verifier) as it starts, once.
 
     Returns False for a resumed invocation (already counted). Raises :class:`BudgetExhausted`
     when a budget has no room for it, counting nothing.
     """
-    fenced_touch(lease)
+    return budget_invocation_begin(lease, role=role, invocation=invocation).started
+
+
+@dataclass(frozen=True)
+class InvocationStart:
+    """:func:`budget_invocation_begin`'s answer: ``started`` False for a resumed invocation
+    (already counted); ``metered`` whether a tokens or cost limit binds the run."""
+
+    started: bool
+    metered: bool
+
+
+@transaction.atomic
+def budget_invocation_begin(lease: Lease, *, role: str, invocation: str) -> InvocationStart:
+    """:func:`budget_invocation_start`, also saying whether model calls need admission."""
+    # Read before the fence: only the lease holder writes this event, and every earlier
+    # holder's writes committed before our claim did (the claim waits for their row lock).
     started = LoopEvent.objects.filter(
         run_id=lease.run_id, type=INVOCATION_STARTED, data__invocation=invocation
-    )
-    if started.exists():
-        return False
-    limits = run_limits(lease.run_id)
-    amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
-    budget_take(limits, amounts)
-    require_room(limits)
-    run_event_append(
+    ).exists()
+    _, seq, limits = fenced_limits(lease, event_increment=0 if started else 1)
+    if started:
+        return InvocationStart(started=False, metered=metered(limits))
+    LoopEvent.objects.create(
         run_id=lease.run_id,
+        seq=seq,
         type=INVOCATION_STARTED,
         actor=lease.owner,
         data={"invocation": invocation, "role": role},
-        lease=lease,
     )
-    return True
+    # The counts last (a refusal rolls the event back): shared rows are locked briefly.
+    amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
+    budget_take(limits, amounts)
+    require_room(limits)
+    return InvocationStart(started=True, metered=metered(limits))
 
 
 def tool_call_amounts(name: str) -> dict[str, int]:
@@ -382,13 +520,45 @@ def _live_calls(pattern_id: int, run_id: uuid.UUID) -> int:
     )
 
 
-@transaction.atomic
+def metered(limits: RunLimits) -> bool:
+    """Does any tokens or cost limit bind the run (its own or its pattern's day)?"""
+    return any(m in limits.per_run or m in limits.daily for m in METERED)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """:func:`budget_admission`'s answer: ``wait`` None (admitted) or seconds to wait before
+    asking again; ``metered`` whether a tokens or cost limit bound the run when asked."""
+
+    wait: float | None
+    metered: bool
+
+
 def budget_admit_model_call(lease: Lease) -> float | None:
     """May the run's next model call start now? None: yes (admitted). A number: ask again
     after that many seconds (another run's call is in flight near a shared limit). Raises
     :class:`BudgetExhausted` when a tokens or cost budget is used up."""
-    fenced_touch(lease)
-    limits = run_limits(lease.run_id)
+    return budget_admission(lease).wait
+
+
+@transaction.atomic
+def budget_admission(lease: Lease) -> Admission:
+    """:func:`budget_admit_model_call`, also saying whether any metered limit binds the run.
+
+    A run bound by none needs no admission (nothing can be used up, nothing is shared): the
+    engine's journal then skips asking before each model call, re-asking at least every
+    ``ADMISSION_RECHECK_SECONDS`` (a daily limit may be added to the pattern meanwhile; the
+    run's own limits can only be raised or removed)."""
+    _, _, limits = fenced_limits(lease)
+    wait = _admit(lease, limits)
+    return Admission(wait=wait, metered=metered(limits))
+
+
+#: How long a journal may go without asking for admission when no metered limit binds it.
+ADMISSION_RECHECK_SECONDS = 1.0
+
+
+def _admit(lease: Lease, limits: RunLimits) -> float | None:
     require_room(limits)
     shared = sorted(m for m in METERED if m in limits.daily)
     if not shared:

@@ -116,10 +116,15 @@ def run_transition(
     LoopRun.objects.filter(pk=run_id).update(**values)
     data = dict(data or {})
     if to in state.TERMINAL:
+        from loops.services.approvals import approvals_withdraw
         from loops.services.breakers import breaker_record_outcome, breaker_summary
         from loops.services.locks import path_locks_release
 
         path_locks_release(run_id=run_id)
+        # In this transaction: the queue never shows a dead run's approvals.
+        withdrawn = approvals_withdraw(run_id=run_id, actor=actor, status=to.value)
+        if withdrawn:
+            data["withdrawn_approvals"] = withdrawn
         changed = breaker_record_outcome(pattern_id=row["pattern_id"], run_id=run_id, status=to)
         if changed is not None:
             data["breaker"] = breaker_summary(changed)

@@ -31,6 +31,7 @@ from django.utils.module_loading import import_string
 from loops.invokers import LeaseLost, RoleInvoker
 from loops.services.claims import Claimed, run_claim, run_heartbeat
 from loops.services.transitions import Lease
+from orchestrator.runtime.model_client import close_http_pool, pool_http_connections
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,6 +110,8 @@ class RunDriver:
 
     # --- main loop --------------------------------------------------------------------------
     async def _main(self) -> None:
+        # Model calls of every run share keep-alive connections (closed at the end).
+        pool_http_connections(self.loop)
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         background = [
@@ -119,6 +122,7 @@ class RunDriver:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await close_http_pool()
 
     def _free(self) -> int:
         return self.capacity - len(self.tasks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
 from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
 from loops.services import budgets
 from loops.services import steps as step_services
-from loops.services.approvals import approvals_open
+from loops.services.approvals import approval_authorize_execution, approvals_open
 from loops.services.claims import Claimed
 from loops.services.locks import path_locks_acquire
 from loops.services.transitions import Lease, run_transition, run_update_fenced
@@ -85,8 +86,29 @@ class DbJournal:
         self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
         #: Tool-loop warnings of the steps this journal began, for the model (``tool_notice``).
         self.notices: dict[int, str] = {}
+        #: Until when model calls need no admission (no metered limit bound the run).
+        self._unmetered_until = 0.0
+        #: The invocation was just started: it has no steps to read back.
+        self._fresh = False
+        #: When the tool steps this journal began started (step_complete's one-UPDATE path).
+        self._began: dict[int, Any] = {}
+
+    async def db_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` on the driver's database threads (pooled connections): for an invoker's
+        own reads, such as the employee's profile."""
+        return await self.driver.db(fn, *args, **kwargs)
+
+    def started(self, *, fresh: bool, metered: bool) -> None:
+        """What the invocation's start found: a ``fresh`` invocation has no steps yet (none is
+        written before its start is counted); an unmetered run needs no admission for now."""
+        self._fresh = fresh
+        if not metered:
+            self._unmetered_until = time.monotonic() + budgets.ADMISSION_RECHECK_SECONDS
 
     async def steps(self) -> list[StepRecord]:
+        if self._fresh:
+            self._fresh = False
+            return []
         return await self.driver.db(
             step_services.steps_of_invocation, self.lease.run_id, self.invocation
         )
@@ -133,16 +155,30 @@ class DbJournal:
             raise ToolCallRefused(start.refused, seq=start.seq)
         if start.notice:
             self.notices[start.seq] = start.notice
+        if start.started_at is not None:
+            self._began[start.seq] = start.started_at
         return start.seq
 
     async def admit_model_call(self) -> None:
-        while (
-            wait := await self.driver.db(budgets.budget_admit_model_call, self.lease)
-        ) is not None:
-            await asyncio.sleep(wait)
+        # A run no tokens/cost limit binds needs no admission: skip the round trip, asking
+        # again at least every ADMISSION_RECHECK_SECONDS (a daily limit may appear).
+        if self._unmetered_until > time.monotonic():
+            return
+        while True:
+            admission = await self.driver.db(budgets.budget_admission, self.lease)
+            if admission.wait is None:
+                break
+            await asyncio.sleep(admission.wait)
+        if not admission.metered:
+            self._unmetered_until = time.monotonic() + budgets.ADMISSION_RECHECK_SECONDS
 
     def tool_notice(self, seq: int) -> str:
         return self.notices.get(seq, "")
+
+    async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
+        return await self.driver.db(
+            approval_authorize_execution, self.lease, seq=seq, name=name, arguments=arguments
+        )
 
     async def complete(
         self,
@@ -163,6 +199,7 @@ class DbJournal:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             cost=cost,
+            started_at=self._began.pop(seq, None),
         )
 
     async def record(
@@ -317,9 +354,8 @@ def _advance_cursor(run: RunState, role: Role, output: dict[str, Any]) -> dict[s
 async def drive_run(driver: RunDriver, claim: Claimed) -> None:
     """Drive one claimed run until it finishes, parks or the lease is lost."""
     lease = claim.lease
-    run = await driver.db(load_run_state, lease.run_id)
     retry = float(driver_setting("LOCK_RETRY_SECONDS"))
-    status = await driver.db(prepare, lease, run, retry)
+    run, status = await driver.db(_load_and_prepare, lease, retry)
     while status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
         step = _next_invocation(run)
         if step is None:
@@ -340,6 +376,12 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
         await driver.db(run_update_fenced, lease, cursor=run.cursor)
 
 
+def _load_and_prepare(lease: Lease, retry: float) -> tuple[RunState, str]:
+    """:func:`load_run_state` then :func:`prepare`, in one trip to the database threads."""
+    run = load_run_state(lease.run_id)
+    return run, prepare(lease, run, retry)
+
+
 def driver_setting(name: str) -> Any:
     from django.conf import settings
 
@@ -356,13 +398,21 @@ async def _invoke(
         employee_username=employee,
         goal=run.goal,
         harness=_harness_for(run, role, employee),
-        context=await driver.db(_context_for, run, role),
+        # Only the verifier's context reads the database (its artifacts).
+        context=(
+            await driver.db(_context_for, run, role)
+            if role == Role.VERIFIER
+            else _context_for(run, role)
+        ),
         inputs=run.inputs,
         workdir=run.cursor.get("workdir"),
     )
     journal = DbJournal(driver, lease, role, name)
     try:
-        await driver.db(budgets.budget_invocation_start, lease, role=role.value, invocation=name)
+        start = await driver.db(
+            budgets.budget_invocation_begin, lease, role=role.value, invocation=name
+        )
+        journal.started(fresh=start.started, metered=start.metered)
         return await driver.invoker.invoke(request, journal)
     except RunHalted as halt:
         # A budget or the tool-loop policy stopped the run; nothing of the refused step was

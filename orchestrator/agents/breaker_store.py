@@ -121,6 +121,28 @@ class DatabaseBreakerStore:
         )
         return changed == 1
 
+    def count_failure(self, key: str, *, now: float, cooldown: float, threshold: int) -> bool:
+        CircuitState.objects.get_or_create(key=key)
+        CircuitState.objects.filter(key=key, state=BreakerState.CLOSED.value).update(
+            consecutive_failures=F("consecutive_failures") + 1, updated_at=timezone.now()
+        )
+        # Conditional: of concurrent counters reaching the threshold, one opens it.
+        CircuitState.objects.filter(
+            key=key, state=BreakerState.CLOSED.value, consecutive_failures__gte=threshold
+        ).update(
+            state=BreakerState.OPEN.value,
+            opened_at=_at(now),
+            cooldown_seconds=round(cooldown),
+            probe_owner="",
+            updated_at=timezone.now(),
+        )
+        return not CircuitState.objects.filter(key=key, state=BreakerState.CLOSED.value).exists()
+
+    def reset_failures(self, key: str) -> None:
+        CircuitState.objects.filter(
+            key=key, state=BreakerState.CLOSED.value, consecutive_failures__gt=0
+        ).update(consecutive_failures=0, updated_at=timezone.now())
+
     def clear(self, key: str) -> None:
         """Forget a breaker (operators' reset)."""
         CircuitState.objects.filter(key=key).delete()

@@ -18,17 +18,26 @@ from django.db import connection
 from harness.planner import plan_tools
 from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, Role, StepJournal
 from orchestrator.agents.models import Employee
-from orchestrator.agents.runtime import employee_get, model_client_for_employee
+from orchestrator.agents.runtime import (
+    employee_endpoint_config,
+    employee_get,
+    model_client_for_employee,
+)
 from orchestrator.errors import NotFound
 from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
 from orchestrator.runtime.policy import ToolPolicy
 from orchestrator.runtime.prompts import default_system_prompt
+from orchestrator.runtime.scrub import ScrubbingJournal, scrub_outcome, secret_values
+from orchestrator.runtime.secrets import api_key_from_env
 from orchestrator.runtime.tools import (
     DirectoryLedger,
     FileToolConfig,
     ToolRegistry,
     builtin_registry,
 )
+from orchestrator.runtime.tools.bash import BASH_SPEC, BashConfig, bash_tool, network_access
+from orchestrator.runtime.tools.registry import tool_providers
+from orchestrator.runtime.tools.skills import skill_review_gates
 from orchestrator.runtime.types import Effect, ModelClient, ToolSpec
 
 
@@ -41,26 +50,45 @@ class EmployeeProfile:
     tools: tuple[str, ...]
     loop_settings: LoopSettings
     client: ModelClient
+    #: The API keys of the employee's endpoint chain, masked in whatever the run persists.
+    secrets: tuple[str, ...] = ()
+
+
+def _read_profile(username: str) -> EmployeeProfile:
+    employee: Employee = employee_get(username=username)
+    return EmployeeProfile(
+        username=employee.username,
+        system_prompt=employee.system_prompt,
+        tools=tuple(employee.tools or ()),
+        loop_settings=LoopSettings(
+            max_steps=employee.max_steps,
+            tool_concurrency=employee.tool_concurrency,
+            tool_timeout_seconds=employee.tool_timeout_seconds,
+            max_tool_output_chars=employee.max_tool_output_length,
+            context_window_tokens=employee.endpoint.context_window,
+        ),
+        client=model_client_for_employee(employee),
+        secrets=secret_values(
+            [api_key_from_env(c.api_key_env) for c in employee_endpoint_config(employee).chain()]
+        ),
+    )
 
 
 def _load_profile(username: str) -> EmployeeProfile:
     try:
-        employee: Employee = employee_get(username=username)
-        return EmployeeProfile(
-            username=employee.username,
-            system_prompt=employee.system_prompt,
-            tools=tuple(employee.tools or ()),
-            loop_settings=LoopSettings(
-                max_steps=employee.max_steps,
-                tool_concurrency=employee.tool_concurrency,
-                tool_timeout_seconds=employee.tool_timeout_seconds,
-                max_tool_output_chars=employee.max_tool_output_length,
-                context_window_tokens=employee.endpoint.context_window,
-            ),
-            client=model_client_for_employee(employee),
-        )
+        return _read_profile(username)
     finally:
         connection.close()  # a worker thread of asyncio.to_thread: do not keep connections
+
+
+async def _profile_for(username: str, journal: StepJournal) -> EmployeeProfile:
+    """Read on the run driver's database threads when the journal offers them (``db_call``:
+    pooled connections, no connect per invocation), else on a throwaway thread."""
+    db_call = getattr(journal, "db_call", None)
+    if db_call is not None:
+        profile: EmployeeProfile = await db_call(_read_profile, username)
+        return profile
+    return await asyncio.to_thread(_load_profile, username)
 
 
 def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolPolicy:
@@ -76,6 +104,8 @@ def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolP
     for name in request.context.get("auto_allowlist") or []:
         if name in decisions and _decision_of(decisions[name]) == "ask":
             decisions[name] = ("allow", "in the pattern's autoAllowlist")
+    # Skills that require human review (skillLoopConfigs) always ask; the allowlist cannot waive it.
+    decisions.update(skill_review_gates(decisions))
     return ToolPolicy.from_decisions(decisions)
 
 
@@ -83,12 +113,15 @@ def _decision_of(value: Any) -> str:
     return str(value[0] if isinstance(value, tuple) else value)
 
 
-_BUILTIN_SPECS = {spec.name: spec for spec in builtin_registry().specs()}
+_BUILTIN_SPECS = {spec.name: spec for spec in [*builtin_registry().specs(), BASH_SPEC]}
 
 
 def tool_spec(name: str) -> ToolSpec | None:
     """The declared spec of a tool (name, schema, effect), for approval re-checks."""
-    return _BUILTIN_SPECS.get(name)
+    if name in _BUILTIN_SPECS:
+        return _BUILTIN_SPECS[name]
+    provided = ToolRegistry(providers=tool_providers()).get(name)
+    return None if provided is None else provided.spec
 
 
 class AgentInvoker:
@@ -96,7 +129,13 @@ class AgentInvoker:
 
     def __init__(self, tools: ToolRegistry | None = None) -> None:
         ledger = DirectoryLedger(settings.VAR_DIR / "tool-ledger")
-        self.tools = tools or builtin_registry(FileToolConfig(ledger=ledger))
+        # Skill Hub skills (skill_hub_*) come from the registered tool providers.
+        self.tools = tools or builtin_registry(FileToolConfig(ledger=ledger)).with_providers(
+            tool_providers()
+        )
+        # bash only where the sandbox runs: absent from the registry (never offered) elsewhere.
+        if tools is None and (bash := bash_tool(BashConfig(ledger=ledger))) is not None:
+            self.tools.register(bash)
 
     @classmethod
     def build(cls) -> AgentInvoker:
@@ -104,7 +143,7 @@ class AgentInvoker:
 
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
         try:
-            profile = await asyncio.to_thread(_load_profile, request.employee_username)
+            profile = await _profile_for(request.employee_username, journal)
         except NotFound as exc:
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="unknown_employee", reason=exc.detail
@@ -118,7 +157,11 @@ class AgentInvoker:
             settings=profile.loop_settings,
             system_prompt=lambda req: _system_prompt(profile, req),
         )
-        return await loop.invoke(request, journal)
+        if profile.secrets:
+            journal = ScrubbingJournal(journal, profile.secrets)
+        with network_access((request.harness or {}).get("settings")):
+            outcome = await loop.invoke(request, journal)
+        return scrub_outcome(outcome, profile.secrets)
 
 
 def _system_prompt(profile: EmployeeProfile, request: InvocationRequest) -> str:

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 MAX_COOLDOWN_SECONDS = 600.0
+#: Consecutive failed requests (all callers, all processes) that open a closed breaker even
+#: before one call has exhausted its retries (RELIABILITY.md P5: "opens after <= 5").
+FAILURE_THRESHOLD = 5
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,8 @@ class Admission:
     token: str = ""
     #: For DENY: seconds until a probe may be attempted.
     retry_in: float = 0.0
+    #: For ALLOW: consecutive failures counted when admitted (a success then resets them).
+    failures: int = 0
 
     @property
     def allowed(self) -> bool:
@@ -108,6 +113,15 @@ class BreakerStore(Protocol):
         """half_open owned by ``token`` → closed with the base ``cooldown``."""
         ...
 
+    def count_failure(self, key: str, *, now: float, cooldown: float, threshold: int) -> bool:
+        """One failed request while closed: count it, and at ``threshold`` consecutive ones
+        open with ``cooldown``. True when the breaker is not closed afterwards."""
+        ...
+
+    def reset_failures(self, key: str) -> None:
+        """A request succeeded while closed: the consecutive count starts again."""
+        ...
+
     async def run(self, fn: Callable[[], T]) -> T:
         """Run a blocking store call from async code (how depends on the store)."""
         ...
@@ -135,7 +149,7 @@ class CircuitBreaker:
         now = self.now()
         claimable, wait = decide(snapshot, now, probe_lease)
         if snapshot.state is BreakerState.CLOSED:
-            return Admission(key, Verdict.ALLOW)
+            return Admission(key, Verdict.ALLOW, failures=snapshot.failures)
         if not claimable:
             return Admission(key, Verdict.DENY, retry_in=wait)
         token = uuid.uuid4().hex
@@ -159,6 +173,15 @@ class CircuitBreaker:
         if admission.verdict is Verdict.PROBE:
             self.store.probe_succeeded(admission.key, token=admission.token, cooldown=cooldown)
 
+    def count_failure_sync(self, admission: Admission, *, cooldown: float) -> bool:
+        """One failed attempt of an admitted (closed) call; True when the breaker is open now
+        (this failure reached the threshold, or another caller opened it): stop retrying."""
+        if admission.verdict is not Verdict.ALLOW:
+            return False
+        return self.store.count_failure(
+            admission.key, now=self.now(), cooldown=cooldown, threshold=FAILURE_THRESHOLD
+        )
+
     def snapshot(self, key: str) -> BreakerSnapshot:
         return self.store.read(key)
 
@@ -180,10 +203,25 @@ class CircuitBreaker:
             fn = functools.partial(self.record_failure_sync, admission, cooldown=cooldown)
             await self._run_quietly(fn, admission.key)
 
-    async def record_success(self, admission: Admission, *, cooldown: float) -> None:
+    async def record_success(
+        self, admission: Admission, *, cooldown: float, failed_attempts: int = 0
+    ) -> None:
         if admission.verdict is Verdict.PROBE:
             fn = functools.partial(self.record_success_sync, admission, cooldown=cooldown)
             await self._run_quietly(fn, admission.key)
+        elif admission.verdict is Verdict.ALLOW and (admission.failures or failed_attempts):
+            # Only then: a healthy endpoint costs no store write per call.
+            await self._run_quietly(
+                functools.partial(self.store.reset_failures, admission.key), admission.key
+            )
+
+    async def count_failure(self, admission: Admission, *, cooldown: float) -> bool:
+        try:
+            fn = functools.partial(self.count_failure_sync, admission, cooldown=cooldown)
+            return await self.store.run(fn)
+        except Exception:
+            logger.warning("breaker store unavailable; failure of %s not counted", admission.key)
+            return False
 
     async def _run_quietly(self, fn: Callable[[], None], key: str) -> None:
         try:
@@ -221,6 +259,20 @@ redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', ARGV[2], 'cooldown',
 redis.call('HINCRBY', KEYS[1], 'failures', 1)
 return 1
 """
+_COUNT_FAILURE = """
+if (redis.call('HGET', KEYS[1], 'state') or 'closed') ~= 'closed' then return 1 end
+local n = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+if n < tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', ARGV[1], 'cooldown', ARGV[2],
+           'probe_owner', '')
+return 1
+"""
+_RESET_FAILURES = """
+if (redis.call('HGET', KEYS[1], 'state') or 'closed') == 'closed' then
+  redis.call('HSET', KEYS[1], 'failures', 0)
+end
+return 1
+"""
 _PROBE_SUCCEEDED = """
 local v = redis.call('HMGET', KEYS[1], 'state', 'probe_owner')
 if v[1] ~= 'half_open' or v[2] ~= ARGV[1] then return 0 end
@@ -248,6 +300,8 @@ class RedisBreakerStore:
         self._trip = client.register_script(_TRIP)
         self._probe_failed = client.register_script(_PROBE_FAILED)
         self._probe_succeeded = client.register_script(_PROBE_SUCCEEDED)
+        self._count_failure = client.register_script(_COUNT_FAILURE)
+        self._reset_failures = client.register_script(_RESET_FAILURES)
 
     @classmethod
     def from_url(cls, url: str) -> RedisBreakerStore:
@@ -285,6 +339,13 @@ class RedisBreakerStore:
 
     def probe_succeeded(self, key: str, *, token: str, cooldown: float) -> bool:
         return bool(self._probe_succeeded(keys=[self._key(key)], args=[token, repr(cooldown)]))
+
+    def count_failure(self, key: str, *, now: float, cooldown: float, threshold: int) -> bool:
+        args = [repr(now), repr(cooldown), str(threshold)]
+        return bool(self._count_failure(keys=[self._key(key)], args=args))
+
+    def reset_failures(self, key: str) -> None:
+        self._reset_failures(keys=[self._key(key)])
 
     def clear(self, key: str) -> None:
         """Forget a breaker (operators' reset; also used by tests)."""

@@ -272,6 +272,13 @@ class StepExecutor:
         if isinstance(checked, Invalid):
             failure = _failure(checked.message, self.limits.max_output_chars)
             return await self._complete(record.seq, planned, failure)
+        if record.status == APPROVED:
+            # What runs must be what the human approved (name, arguments, run, step, policy
+            # version), checked at the last moment, not only when the decision was made.
+            refusal = await self.journal.authorize(record.seq, record.name, checked)
+            if refusal:
+                failure = _failure(refusal, self.limits.max_output_chars)
+                return await self._complete(record.seq, planned, failure)
         reissued = record.status == STARTED
         return await self._run(
             record.seq, planned, record.name, checked, record.idempotency_key, reissued

@@ -82,6 +82,19 @@ class ModelTemporarilyUnavailable(RetryLater):
     """
 
 
+#: How long a run parks when every endpoint is down: the providers' own hint (an open
+#: circuit's next probe, a Retry-After) within these bounds, else the default.
+PARK_DELAY_DEFAULT_SECONDS = 30.0
+PARK_DELAY_BOUNDS = (1.0, 600.0)
+
+
+def _park_delay(exc: ModelCallFailed) -> float:
+    if exc.retry_after is None:
+        return PARK_DELAY_DEFAULT_SECONDS
+    low, high = PARK_DELAY_BOUNDS
+    return min(max(exc.retry_after, low), high)
+
+
 @dataclass(frozen=True)
 class LoopSettings:
     """Limits of one invocation; defaults from spec/000 and DESIGN.md §4."""
@@ -173,6 +186,19 @@ class Conversation:
     corrections: int = 0
     #: A correction of the last answer was asked for and is still to come.
     correcting: bool = False
+    #: Running token estimate of the prompt and the first ``counted`` history messages, so a
+    #: step adds its new messages instead of re-estimating the whole conversation.
+    counted: int = 0
+    counted_tokens: int = -1
+
+    def tokens(self) -> int:
+        """Compaction's estimate of prompt + history (messages are appended, never changed)."""
+        if self.counted_tokens < 0:
+            self.counted_tokens = sum(message_tokens(m) for m in self.prompt)
+        for message in self.history[self.counted :]:
+            self.counted_tokens += message_tokens(message)
+        self.counted = len(self.history)
+        return self.counted_tokens
 
     def next_phase(self, max_steps: int) -> Phase:
         if self.correcting:
@@ -217,7 +243,7 @@ class ToolLoopInvoker:
             return await run.drive()
         except ModelCallFailed as exc:
             if exc.retryable:
-                raise ModelTemporarilyUnavailable(str(exc)) from exc
+                raise ModelTemporarilyUnavailable(str(exc), _park_delay(exc)) from exc
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="model_unavailable", reason=str(exc)
             )
@@ -329,6 +355,11 @@ class _Invocation:
         forced: bool,
     ) -> Compaction:
         extra = estimate_tokens([], tools) + (message_tokens(instruction) if instruction else 0)
+        total = conversation.tokens() + extra
+        if not forced and total <= conversation.budget_tokens:
+            # What compact() returns when everything fits, without rescanning the history.
+            messages = [*conversation.prompt, *conversation.history]
+            return Compaction(messages=messages, tokens_before=total, tokens_after=total)
         result = compact(
             [*conversation.prompt, *conversation.history],
             conversation.budget_tokens,

@@ -28,6 +28,7 @@ import os
 import random
 import ssl
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -446,6 +447,11 @@ class OpenAICompatibleClient:
         if self._http_client is not None:
             yield self._http_client
             return
+        pool = _pool()
+        if pool is not None:
+            async with pool.borrow() as client:
+                yield client
+            return
         # A client per call keeps connections tied to the caller's event loop and always
         # closed; the costly part (loading the trust store) is shared through the SSL context.
         async with httpx2.AsyncClient(follow_redirects=False, verify=_ssl_context()) as client:
@@ -461,19 +467,28 @@ class OpenAICompatibleClient:
         admission = await self._admit(target)
         if not admission.allowed:
             raise EndpointError(
-                "transient", f"circuit open, next probe in {admission.retry_in:.0f}s"
+                "transient",
+                f"circuit open, next probe in {admission.retry_in:.0f}s",
+                # Denied during a probe, retry_in is the probe's whole lease; the probe itself
+                # is over within one request timeout.
+                retry_after=min(admission.retry_in, target.timeout_seconds + 1),
             )
         # A probe is exactly one request: retrying it would hammer an endpoint that is down.
         attempts = 1 if admission.verdict is Verdict.PROBE else target.max_retries + 1
+        failed: list[int] = []  # attempts of this call that failed
         try:
-            response = await self._call_with_retries(http, target, request, sink, attempts)
+            response = await self._call_with_retries(
+                http, target, request, sink, attempts, admission, failed
+            )
         except EndpointError as err:
             await self._settle(admission, target, available=not err.exhausted)
+            if err.exhausted and self.breaker is not None and err.retry_after is None:
+                err.retry_after = target.circuit_cooldown_seconds  # the circuit is open now
             raise
         except (ContextOverflow, RoutedAsPlainText):
             await self._settle(admission, target, available=True)  # it answered
             raise
-        await self._settle(admission, target, available=True)
+        await self._settle(admission, target, available=True, failed_attempts=len(failed))
         return response
 
     async def _admit(self, target: EndpointConfig) -> Admission:
@@ -482,13 +497,20 @@ class OpenAICompatibleClient:
         return await self.breaker.admit(target.breaker_key, probe_lease=target.probe_lease)
 
     async def _settle(
-        self, admission: Admission, target: EndpointConfig, *, available: bool
+        self,
+        admission: Admission,
+        target: EndpointConfig,
+        *,
+        available: bool,
+        failed_attempts: int = 0,
     ) -> None:
         if self.breaker is None:
             return
         cooldown = target.circuit_cooldown_seconds
         if available:
-            await self.breaker.record_success(admission, cooldown=cooldown)
+            await self.breaker.record_success(
+                admission, cooldown=cooldown, failed_attempts=failed_attempts
+            )
             return
         await self.breaker.record_failure(admission, cooldown=cooldown)
         if admission.verdict is Verdict.ALLOW:
@@ -501,6 +523,8 @@ class OpenAICompatibleClient:
         request: ChatRequest,
         sink: TextCallback | None,
         attempts: int,
+        admission: Admission,
+        failed: list[int],
     ) -> ChatResponse:
         key = api_key_from_env(target.api_key_env, self._environ)
         if target.api_key_env and key is None:
@@ -511,6 +535,14 @@ class OpenAICompatibleClient:
             try:
                 return await self._attempt(http, target, body, key, router)
             except EndpointError as err:
+                if err.kind == "transient":
+                    failed.append(attempt)
+                    if await self._opened_by_failures(admission, target):
+                        # The consecutive failures of every caller reached the threshold (or
+                        # another caller opened the breaker): stop adding load (RELIABILITY P5).
+                        err.exhausted = True
+                        err.detail = f"{err.detail}; circuit open"
+                        raise err from None
                 self._check_retry(err, router, last=attempt + 1 >= attempts)
                 delay = self.retry.delay(attempt, err.retry_after, self._rng)
                 logger.info(
@@ -523,6 +555,13 @@ class OpenAICompatibleClient:
                 )
                 await self._sleep(delay)
         raise AssertionError("unreachable: the last attempt either returns or raises")
+
+    async def _opened_by_failures(self, admission: Admission, target: EndpointConfig) -> bool:
+        """Count one failed attempt on the shared breaker; True when it is open now."""
+        if self.breaker is None:
+            return False
+        cooldown = target.circuit_cooldown_seconds
+        return await self.breaker.count_failure(admission, cooldown=cooldown)
 
     @staticmethod
     def _check_retry(err: EndpointError, router: StreamRouter | None, *, last: bool) -> None:
@@ -578,6 +617,76 @@ class OpenAICompatibleClient:
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
     return httpx2.create_ssl_context()
+
+
+# --- pooled HTTP clients for a long-lived event loop ---------------------------------------------
+
+
+class _ClientPool:
+    """Idle HTTP clients of one event loop, each with at most one keep-alive connection.
+
+    A call borrows a client (the most recently returned, whose connection is the likeliest to
+    be alive) and gives it back. One shared client with many connections would do the same,
+    but httpx's pool checks every connection it holds on every request (a syscall or two
+    each), which costs more than the request once a driver holds a hundred runs."""
+
+    def __init__(self) -> None:
+        self.idle: list[httpx2.AsyncClient] = []
+        self.closed = False
+
+    @staticmethod
+    def _new() -> httpx2.AsyncClient:
+        limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
+        return httpx2.AsyncClient(follow_redirects=False, verify=_ssl_context(), limits=limits)
+
+    @asynccontextmanager
+    async def borrow(self) -> AsyncIterator[httpx2.AsyncClient]:
+        client = self.idle.pop() if self.idle else self._new()
+        try:
+            yield client
+        finally:
+            if self.closed or len(self.idle) >= POOL_IDLE_CLIENTS:
+                await client.aclose()
+            else:
+                self.idle.append(client)
+
+    async def close(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for client in idle:
+            await client.aclose()
+
+
+#: Event loops that pool their model connections (the run driver's).
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ClientPool] = (
+    weakref.WeakKeyDictionary()
+)
+#: Idle clients (keep-alive connections) kept per loop.
+POOL_IDLE_CLIENTS = 256
+
+
+def pool_http_connections(loop: asyncio.AbstractEventLoop) -> None:
+    """Let model calls made on ``loop`` reuse HTTP clients and their keep-alive connections
+    (:class:`_ClientPool`) instead of making a client and a connection per call.
+
+    For a long-lived loop that closes the pool itself (:func:`close_http_pool`): the run
+    driver's. Setting up a client and a TCP connection per model call costs milliseconds of
+    CPU, a large part of a step's overhead, and it is what limits throughput."""
+    _POOLS.setdefault(loop, _ClientPool())
+
+
+def _pool() -> _ClientPool | None:
+    try:
+        return _POOLS.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
+
+
+async def close_http_pool() -> None:
+    """Close the running loop's idle pooled clients and stop pooling on this loop."""
+    pool = _POOLS.pop(asyncio.get_running_loop(), None)
+    if pool is not None:
+        await pool.close()
 
 
 def _parse_response(
@@ -655,7 +764,12 @@ async def _chunks(source: httpx2.EventSource, key: Secret | None) -> AsyncIterat
 def _all_failed(failures: list[EndpointError]) -> ModelCallFailed:
     retryable = any(f.kind == "transient" for f in failures)
     summary = "; ".join(f"{f.endpoint}: {f.detail}" for f in failures) or "no endpoint"
-    return ModelCallFailed(f"model call failed ({summary})", retryable=retryable)
+    hints = [f.retry_after for f in failures if f.retry_after is not None]
+    return ModelCallFailed(
+        f"model call failed ({summary})",
+        retryable=retryable,
+        retry_after=min(hints) if retryable and hints else None,
+    )
 
 
 def client_for_endpoint(

@@ -72,9 +72,12 @@ class ContextOverflow(Exception):
 class ModelCallFailed(Exception):
     """Every endpoint failed (after retries and failover); ``retryable`` tells whether to retry."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        #: Seconds until an endpoint may answer again (an open circuit's next probe, a
+        #: Retry-After), when one said so: how long a parked run should wait.
+        self.retry_after = retry_after
 
 
 class ModelClient(Protocol):

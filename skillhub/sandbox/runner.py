@@ -248,6 +248,16 @@ async def _execute(
         duration_ms = int((time.monotonic() - started) * 1000)
         leftovers = await sweep(kills.scope)
         (out, out_cut), (err, err_cut) = await _drain(proc, readers)
+    except asyncio.CancelledError:
+        # The caller gave up (a cancelled agent run, its tool timeout): the program must not
+        # outlive the request, nor keep a borrowed work dir after it is handed back.
+        kills.kill_all()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), _EXIT_GRACE_SECONDS)
+        await sweep(kills.scope)
+        for reader in readers:
+            reader.cancel()
+        raise
     finally:
         WATCHDOG.unwatch(watch_id)
         for task in (feeder, init):

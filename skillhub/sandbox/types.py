@@ -119,6 +119,10 @@ class SandboxRequest:
     output_max_files: int = 100
     #: Operator opt-in to the weaker rlimit-only mode when bubblewrap cannot run.
     allow_rlimit_only: bool = False
+    #: An existing host directory (absolute) to use as the working directory instead of a
+    #: fresh one: bound read-write at /workdir, handed to the run's uid for the run and back
+    #: to its owner afterwards (the agent's ``bash`` tool). No input files, nothing collected.
+    workdir: str | None = None
 
     def __post_init__(self) -> None:
         if self.language not in ("python", "node"):
@@ -142,6 +146,8 @@ class SandboxRequest:
             _validate_env(key, value)
         if self.collect_outputs is not None and "\x00" in self.collect_outputs:
             raise SandboxRequestError("collect_outputs may not contain NUL")
+        if self.workdir is not None:
+            _validate_workdir(self)
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,14 @@ def validate_relative_path(path: str) -> PurePosixPath:
     if any(part in ("..", ".", "") for part in path.split("/")):
         raise SandboxRequestError(f"file path may not contain '..', '.' or '//': {path!r}")
     return pure
+
+
+def _validate_workdir(request: SandboxRequest) -> None:
+    workdir = request.workdir or ""
+    if "\x00" in workdir or not PurePosixPath(workdir).is_absolute():
+        raise SandboxRequestError(f"workdir must be an absolute path: {workdir!r}")
+    if request.files or request.collect_outputs is not None:
+        raise SandboxRequestError("an existing workdir takes no input or output files")
 
 
 def _validate_env(key: str, value: str) -> None:

@@ -50,6 +50,9 @@ class RunDir:
     group: Path
     work: Path
     tmp: Path
+    #: An existing directory used as ``work`` (``SandboxRequest.workdir``): its owner before
+    #: the run, restored by ``rundir_remove``; None when it was not handed to another uid.
+    borrowed_owner: tuple[int, int] | None = None
 
     @property
     def out(self) -> Path:
@@ -69,6 +72,7 @@ def rundir_create(
     slot: int | None = None,
 ) -> RunDir:
     """Create and fill the run directory; ``owner`` (uid, gid) gets the writable parts."""
+    borrowed = _borrowed_workdir(request.workdir, traversed_by_others=owner is not None)
     root = Path(tempfile.mkdtemp(prefix=rundir_prefix(slot), dir=work_root))
     # Traverse-only for others: bwrap, running as the sandbox uid, must reach work/ and the
     # program to bind them, but may not list the directory.
@@ -78,14 +82,16 @@ def rundir_create(
         code=root / CODE_NAMES[request.language],
         passwd=root / "passwd",
         group=root / "group",
-        work=root / "work",
+        work=borrowed or root / "work",
         tmp=root / "tmp",
+        borrowed_owner=_owner_of(borrowed) if borrowed and owner is not None else None,
     )
     try:
         _write_readonly(rundir.code, request.code.encode())
         _write_readonly(rundir.passwd, _PASSWD.encode())
         _write_readonly(rundir.group, _GROUP.encode())
-        for directory in (rundir.work, rundir.out, rundir.tmp):
+        made = (rundir.tmp,) if borrowed else (rundir.work, rundir.out, rundir.tmp)
+        for directory in made:
             directory.mkdir(mode=0o700)
         for relative, content in request.files.items():
             _write_input(rundir.work, relative, content)
@@ -96,6 +102,32 @@ def rundir_create(
         rundir_remove(rundir)
         raise
     return rundir
+
+
+def _borrowed_workdir(workdir: str | None, *, traversed_by_others: bool) -> Path | None:
+    """The caller's existing working directory, which must be a real (unlinked) directory.
+
+    bubblewrap binds it as the sandbox uid: with a dedicated uid (``traversed_by_others``)
+    every parent must be searchable by others, or the bind fails.
+    """
+    if workdir is None:
+        return None
+    if os.path.realpath(workdir) != os.path.normpath(workdir) or not os.path.isdir(workdir):
+        raise SandboxRequestError(f"workdir {workdir!r} is not an existing, unlinked directory")
+    path = Path(workdir)
+    if traversed_by_others:
+        for parent in path.parents:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                raise SandboxRequestError(
+                    f"workdir {workdir!r}: the sandbox uid cannot reach it because {parent} "
+                    "is not searchable by others (chmod o+x, or use another directory)"
+                )
+    return path
+
+
+def _owner_of(path: Path) -> tuple[int, int]:
+    info = os.stat(path, follow_symlinks=False)
+    return info.st_uid, info.st_gid
 
 
 def _write_readonly(path: Path, content: bytes) -> None:
@@ -138,6 +170,9 @@ def rundir_remove(rundir: RunDir) -> None:
         shutil.rmtree(rundir.root, onexc=unlock_and_retry)
     else:  # onerror is deprecated from 3.12 on; 3.11 only has it
         shutil.rmtree(rundir.root, onerror=unlock_and_retry)
+    if rundir.borrowed_owner is not None:
+        # Every sandbox process is dead: hand the borrowed directory back (links unfollowed).
+        _chown_tree(rundir.work, rundir.borrowed_owner)
 
 
 def rundirs_remove_stale(work_root: str, slot: int) -> None:

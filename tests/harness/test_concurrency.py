@@ -8,44 +8,19 @@ gap-free publish trail in which no acknowledged write is lost or lands in a ship
 from __future__ import annotations
 
 import random
-import threading
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from harness.models import HarnessProfile, HarnessProfileVersion, VersionStatus
 from harness.services import profile_create, profile_publish, profile_save_draft
 from orchestrator.errors import Conflict
+from tests.support.threads import in_threads
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 THREADS = 8
-
-
-def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` in ``count`` threads released together; exceptions are returned."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[index] = work(index)
-        except Exception as exc:  # the assertions look at every outcome
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=90)
-    assert not any(t.is_alive() for t in threads), "a worker thread hung"
-    return results
 
 
 def marker(settings: dict[str, Any]) -> int:

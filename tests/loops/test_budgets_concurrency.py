@@ -11,13 +11,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
 
 import pytest
-from django.db import connection
 
 from loops.invokers import BudgetExhausted
 from loops.models import LoopStep, UsageBucket
@@ -26,33 +23,11 @@ from loops.services.steps import step_record, tool_step_begin
 from loops.services.transitions import Lease
 from tests.support.factories import make_pattern
 from tests.support.limits import running_run, tool_request
+from tests.support.threads import in_threads
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 RUNS = 6
-
-
-def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` in ``count`` threads released together; exceptions are returned."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[index] = work(index)
-        except Exception as exc:  # the assertions look at every outcome
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=150)
-    assert not any(t.is_alive() for t in threads), "a racing thread hung"
-    return results
 
 
 def day_usage(pattern_id: int, metric: str) -> Decimal:

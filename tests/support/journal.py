@@ -47,6 +47,10 @@ class MemoryJournal:
     writes: list[tuple[str, str, int]] = field(default_factory=list)
     #: Model calls the loop asked admission for (the engine's journal applies budgets there).
     admissions: int = 0
+    #: seq → (tool, arguments) a human approved (``approve``); ``authorize`` holds calls to it.
+    approved: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    #: ``(seq, refusal)`` of every ``authorize``; "" when the call was allowed to run.
+    authorizations: list[tuple[int, str]] = field(default_factory=list)
 
     # --- the StepJournal protocol -------------------------------------------------------------
 
@@ -142,6 +146,17 @@ class MemoryJournal:
     def tool_notice(self, seq: int) -> str:
         return ""
 
+    async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
+        self._fence()
+        approved = self.approved.get(seq)
+        refusal = ""
+        if approved is None:
+            refusal = f"step {seq} has no approval; the call was not run."
+        elif approved != (name, arguments):
+            refusal = f"the call differs from the one approved at step {seq}; it was not run."
+        self.authorizations.append((seq, refusal))
+        return refusal
+
     # --- test controls ------------------------------------------------------------------------
 
     def step(self, seq: int) -> _Step:
@@ -159,6 +174,7 @@ class MemoryJournal:
         step.status = "approved"
         if arguments is not None:
             step.request = {**step.request, "arguments": arguments}
+        self.approved[seq] = (step.name, copy.deepcopy(step.request.get("arguments") or {}))
 
     def reject(self, seq: int, text: str) -> None:
         step = self.step(seq)

@@ -136,6 +136,7 @@
     var summary = document.getElementById("run-summary");
     var actions = document.getElementById("run-actions");
     var verdict = document.getElementById("run-verdict");
+    var artifacts = document.getElementById("run-artifacts");
     connect(page.dataset.stream, indicator, {
       event: function (data) {
         if (document.getElementById("event-" + data.seq)) { return; }
@@ -173,6 +174,16 @@
         verdict.innerHTML = data.verdict_html;
         var raw = verdict.querySelector("details");
         if (raw && open) { raw.open = true; }
+        if (artifacts && data.artifacts_html !== undefined) {
+          var shown = Array.prototype.map.call(
+            artifacts.querySelectorAll("details[open]"), function (d) { return d.id; });
+          artifacts.innerHTML = data.artifacts_html;
+          shown.forEach(function (id) {
+            var again = document.getElementById(id);
+            if (again) { again.open = true; }
+          });
+          localizeTimes(artifacts);
+        }
       },
       done: function (data, source) {
         source.close();

@@ -39,7 +39,7 @@ class Command(BaseCommand):
         return {
             "web": [py, "-m", "uvicorn", "orchestrator.asgi:application", "--host", host,
                     "--port", str(port), "--no-access-log"],
-            "worker": [py, "-m", "celery", "-A", "orchestrator", "worker", "-Q", "loops",
+            "worker": [py, "-m", "celery", "-A", "orchestrator", "worker", "-Q", "loops,skills",
                        "--pool", "threads", "-c", "4", "--without-gossip", "--without-mingle",
                        "--without-heartbeat", "-l", "INFO"],
             "scheduler": [py, "-m", "celery", "-A", "orchestrator", "beat", "-l", "INFO",

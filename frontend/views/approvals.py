@@ -1,0 +1,133 @@
+"""Approvals: the pending queue across runs, one approval's page, and the decision on it.
+
+Notifications link to ``/approvals/<id>``. Every role reads; deciding needs the approver role
+(checked by the guard on the POST, and again by ``approval_decide``, which also accepts
+nobody's decision twice). The run page shows the same decision form inline.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from frontend.access import can, ui_view
+from frontend.forms import DecideForm, add_service_errors
+from loops.models import ActionApproval, ApprovalStatus, LoopRun, RunStatus
+from loops.services.approvals import approval_decide
+from orchestrator.accounts.roles import Role
+from orchestrator.errors import DomainError, InvalidInput
+
+RECENT_DECISIONS = 25
+DONE = {"approved": "Approved: the run goes on.", "rejected": "Rejected: the model is told why."}
+
+
+def _approvals() -> QuerySet[ActionApproval]:
+    return ActionApproval.objects.select_related("run__pattern")
+
+
+def approval_of(approval_id: str) -> ActionApproval:
+    """The approval in a URL, or a 404 (never a 500 for a malformed id)."""
+    try:
+        return _approvals().get(pk=uuid.UUID(approval_id))
+    except (ValueError, ActionApproval.DoesNotExist):
+        raise Http404(f"There is no approval {approval_id!r}.") from None
+
+
+def decidable(user: Any, approval: ActionApproval) -> bool:
+    """Whether to offer ``user`` the decision form now (the POST is checked again)."""
+    return (
+        can(user, Role.APPROVER)
+        and approval.status == ApprovalStatus.PENDING
+        and approval.run.status == RunStatus.WAITING_APPROVAL
+    )
+
+
+def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
+    """The run's approvals for its page: each with a decision form when ``user`` may decide."""
+    rows = []
+    for approval in _approvals().filter(run_id=run.id).order_by("step_seq"):
+        approval.run = run  # the caller's copy is the current one
+        form = None
+        if decidable(user, approval):  # ids per approval: a run may wait on several
+            form = DecideForm(proposed=approval.arguments, auto_id=f"approval-{approval.id}-%s")
+        rows.append({"approval": approval, "form": form})
+    return rows
+
+
+@ui_view()
+def approval_list(request: HttpRequest) -> HttpResponse:
+    """Pending approvals of every run, oldest first, then the latest decisions."""
+    pending = list(_approvals().filter(status=ApprovalStatus.PENDING).order_by("created_at"))
+    decided = list(
+        _approvals()
+        .exclude(status=ApprovalStatus.PENDING)
+        .order_by("-decided_at")[:RECENT_DECISIONS]
+    )
+    context = {
+        "pending": pending,
+        "decided": decided,
+        "can_decide": can(request.user, Role.APPROVER),
+    }
+    return render(request, "frontend/approvals/list.html", context)
+
+
+def _detail(
+    request: HttpRequest, approval: ActionApproval, form: DecideForm | None, status: int = 200
+) -> HttpResponse:
+    if form is None and decidable(request.user, approval):
+        form = DecideForm(proposed=approval.arguments)
+    context = {
+        "approval": approval,
+        "run": approval.run,
+        "form": form,
+        "can_decide": can(request.user, Role.APPROVER),
+    }
+    return render(request, "frontend/approvals/detail.html", context, status=status)
+
+
+@ui_view()
+def approval_detail(request: HttpRequest, approval_id: str) -> HttpResponse:
+    return _detail(request, approval_of(approval_id), None)
+
+
+def _next_url(request: HttpRequest, approval: ActionApproval) -> str:
+    wanted = request.POST.get("next", "")
+    if wanted and url_has_allowed_host_and_scheme(
+        wanted, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return wanted
+    return reverse("ui:approval", kwargs={"approval_id": approval.id})
+
+
+@ui_view(methods=("POST",), write=Role.APPROVER)
+def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse:
+    """Approve (as proposed or with edited arguments) or reject with a reason."""
+    approval = approval_of(approval_id)
+    form = DecideForm(request.POST, proposed=approval.arguments)
+    if not form.is_valid():
+        return _detail(request, approval, form, status=400)
+    try:
+        decided = approval_decide(
+            approval_id=approval.id,
+            user=request.user,
+            decision=form.cleaned_data["decision"],
+            input=form.cleaned_data["edited"],
+            reason=form.cleaned_data["reason"],
+        )
+    except InvalidInput as exc:
+        add_service_errors(form, exc.extra.get("errors") or [], fallback="input")
+        if not form.errors:
+            form.add_error("input", exc.detail)
+        return _detail(request, approval_of(approval_id), form, status=400)
+    except DomainError as exc:  # decided meanwhile, the run moved on, the policy denies it
+        messages.error(request, exc.detail)
+        return redirect("ui:approval", approval_id=approval.id)
+    messages.success(request, DONE.get(decided.status, "Decision recorded."))
+    return redirect(_next_url(request, approval))

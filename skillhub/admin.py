@@ -1,0 +1,34 @@
+"""Admin views of the Skill Hub (read-mostly: writes go through the API and its validation)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from skillhub.models import Skill, SkillExecution, SkillLoopConfig
+
+
+@admin.register(Skill)
+class SkillAdmin(admin.ModelAdmin[Skill]):
+    list_display = ["tool_name", "title", "language", "enabled", "tool_scope", "source"]
+    list_filter = ["language", "enabled", "tool_scope", "source"]
+    search_fields = ["tool_name", "title"]
+    readonly_fields = ["tool_name", "source_commit", "created_by", "created_at", "updated_at"]
+    exclude = ["archive"]
+
+
+@admin.register(SkillExecution)
+class SkillExecutionAdmin(admin.ModelAdmin[SkillExecution]):
+    list_display = ["id", "tool_name", "status", "principal", "origin", "created_at"]
+    list_filter = ["status", "origin", "language"]
+    search_fields = ["tool_name", "principal"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(SkillLoopConfig)
+class SkillLoopConfigAdmin(admin.ModelAdmin[SkillLoopConfig]):
+    list_display = ["skill", "requires_review", "updated_at"]

@@ -1,0 +1,211 @@
+"""The Skill Hub's MCP server: the official ``mcp`` SDK's low-level ``Server`` over streamable
+HTTP, mounted at ``/mcp`` by ``orchestrator.asgi`` (docs/skills.md).
+
+* ``tools/list``: the enabled skills visible to the caller, ``{name, description, inputSchema}``.
+* ``tools/call``: runs one through the execution service (validation, role check, rate limit,
+  ``skills`` queue, sandbox) and returns its output as text content plus a manifest of output
+  files (also as ``structuredContent``); ``isError`` when the program failed or was refused.
+
+Authentication is the service's own bearer API tokens: :class:`BearerAuth` answers 401 before
+the SDK sees a request without a valid token, and puts the user's id in the ASGI scope; each
+handler resolves the caller from the HTTP request it serves, so every request is authorised by
+its own token. Tool lists come from the database, so the low-level server (dynamic tools) is
+used rather than decorated functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import mcp_types as types
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from orchestrator.errors import DomainError
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+_USER_KEY = "loopwright_user_id"
+
+
+def _user_of(ctx: Any) -> Any:
+    from django.contrib.auth import get_user_model
+
+    request = getattr(ctx, "request", None)
+    user_id = None if request is None else request.scope.get(_USER_KEY)
+    if user_id is None:
+        raise PermissionError("unauthenticated MCP request")
+    return get_user_model().objects.get(pk=user_id)
+
+
+def _list_tools_sync(ctx: Any) -> list[dict[str, Any]]:
+    from skillhub.services.access import Caller
+    from skillhub.services.calls import mcp_list_tools
+
+    return mcp_list_tools(Caller.for_user(_user_of(ctx)))
+
+
+def _call_tool_sync(ctx: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    from skillhub.services.access import Caller
+    from skillhub.services.calls import mcp_call_tool
+
+    caller = Caller.for_user(_user_of(ctx))
+    try:
+        return mcp_call_tool(name=name, arguments=arguments, caller=caller, origin="mcp")
+    except DomainError as exc:
+        problem = {"status": exc.status_code, "title": exc.title, "detail": exc.detail, **exc.extra}
+        return {
+            "content": [{"type": "text", "text": f"{exc.title}: {exc.detail}"}],
+            "isError": True,
+            "structuredContent": {"problem": problem},
+        }
+
+
+def _closing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` for a pool thread: its database connection is closed when it returns (an
+    executor thread's connection is otherwise only dropped by the garbage collector)."""
+
+    def call(*args: Any) -> Any:
+        from django.db import connection
+
+        try:
+            return fn(*args)
+        finally:
+            connection.close()
+
+    return call
+
+
+async def _on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+    tools = await sync_to_async(_closing(_list_tools_sync), thread_sensitive=False)(ctx)
+    return types.ListToolsResult(
+        tools=[
+            types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"])
+            for t in tools
+        ]
+    )
+
+
+async def _on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    result = await sync_to_async(_closing(_call_tool_sync), thread_sensitive=False)(
+        ctx, params.name, dict(params.arguments or {})
+    )
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=c["text"]) for c in result["content"]],
+        is_error=result["isError"],
+        structured_content=json.loads(json.dumps(result["structuredContent"], default=str)),
+    )
+
+
+def mcp_server() -> Server[Any]:
+    return Server(
+        "loopwright-skill-hub",
+        version="1",
+        instructions="Loopwright Skill Hub: sandboxed Python and Node.js skills as tools.",
+        on_list_tools=_on_list_tools,
+        on_call_tool=_on_call_tool,
+    )
+
+
+def _security() -> TransportSecuritySettings:
+    extra = list(settings.SKILLHUB["MCP_ALLOWED_HOSTS"])
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", *extra]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    origins += [f"https://{h}" for h in extra] + [f"http://{h}" for h in extra]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+def _resolve_token(raw: str) -> int | None:
+    from django.db import connection
+
+    from orchestrator.accounts.services import api_token_resolve
+
+    try:
+        token = api_token_resolve(raw)
+        if token is None or not token.user.is_active:
+            return None
+        return int(token.user.pk)
+    finally:
+        connection.close()
+
+
+class BearerAuth:
+    """ASGI middleware: a valid ``Authorization: Bearer <API token>`` or a 401."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        scheme, _, raw = headers.get("authorization", "").partition(" ")
+        user_id = None
+        if scheme.lower() == "bearer" and raw.strip():
+            user_id = await sync_to_async(_resolve_token, thread_sensitive=False)(raw.strip())
+        if user_id is None:
+            await _unauthorized(send)
+            return
+        await self.app({**scope, _USER_KEY: user_id}, receive, send)
+
+
+async def _unauthorized(send: Any) -> None:
+    body = json.dumps(
+        {
+            "type": "/problems/not-authenticated",
+            "title": "Authentication required",
+            "status": 401,
+            "detail": "The MCP endpoint needs an API token: Authorization: Bearer <token>.",
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/problem+json"),
+                (b"www-authenticate", b'Bearer realm="loopwright"'),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class McpEndpoint:
+    """The MCP endpoint's ASGI app. The SDK's session manager runs once per instance, so a new
+    one is made each time the hosting app starts (``running()``, entered by its lifespan)."""
+
+    def __init__(self) -> None:
+        self._app: ASGIApp | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        manager = StreamableHTTPSessionManager(app=mcp_server(), security_settings=_security())
+        async with manager.run():
+            self._app = StreamableHTTPASGIApp(manager)
+            try:
+                yield
+            finally:
+                self._app = None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if self._app is None:
+            raise RuntimeError("the MCP session manager is not running (ASGI lifespan is off)")
+        await self._app(scope, receive, send)
+
+
+def mcp_asgi() -> tuple[ASGIApp, McpEndpoint]:
+    """The authenticated ASGI app of the MCP endpoint, and the endpoint whose ``running()``
+    the hosting app's lifespan must enter."""
+    endpoint = McpEndpoint()
+    return BearerAuth(endpoint), endpoint

@@ -1,0 +1,1 @@
+"""Skill Hub services: definitions, access, executions, Git import (docs/skills.md)."""

@@ -1,0 +1,456 @@
+"""Skill executions: request (validate, check, rate-limit, render, enqueue), claim with a lease,
+run in the sandbox, store the result fenced by the lease token, and recover dead workers' work.
+
+The row is the work item; the Celery message on the ``skills`` queue is only a wake-up call,
+sent after the creating transaction commits. A worker claims the row with a conditional
+``UPDATE`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) that sets owner, expiry and a new token;
+the result is written only ``WHERE lease_token = <its token>``, so a worker whose lease was
+taken over writes nothing. The poller (``skillhub.recover``) puts executions whose lease
+expired back in the queue, up to ``max_attempts``, then fails them with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+
+from loops import db
+from orchestrator.errors import InvalidInput
+from skillhub.models import (
+    ExecutionStatus,
+    Skill,
+    SkillExecution,
+    SkillOutputFile,
+    SkillSource,
+)
+from skillhub.render import render, with_defaults
+from skillhub.sandbox import (
+    SandboxError,
+    SandboxLimits,
+    SandboxRequest,
+    SandboxResult,
+    run_sandboxed,
+)
+from skillhub.sandbox.types import MiB
+from skillhub.services.access import (
+    Caller,
+    SkillRateLimited,
+    skill_access_check,
+    skill_network,
+)
+
+logger = logging.getLogger(__name__)
+_TABLE = SkillExecution._meta.db_table
+#: Largest local-dir skill folder copied into the sandbox.
+LOCAL_DIR_MAX_BYTES = 50 * MiB
+
+
+def _setting(name: str) -> Any:
+    return settings.SKILLHUB[name]
+
+
+# --- request ---------------------------------------------------------------------------------
+
+
+def inputs_validate(skill: Skill, inputs: Any) -> dict[str, Any]:
+    """The inputs with schema defaults, or InvalidInput with a pointer per problem."""
+    if not isinstance(inputs, dict):
+        raise InvalidInput("inputs must be a JSON object", errors=[_input_err([], "not an object")])
+    validator = Draft202012Validator(skill.input_schema)
+    problems = sorted(validator.iter_errors(inputs), key=lambda e: list(e.absolute_path))
+    if problems:
+        errors = [_input_err(list(p.absolute_path), p.message) for p in problems[:20]]
+        raise InvalidInput(
+            f"inputs do not match the input_schema of {skill.tool_name!r}: {problems[0].message}",
+            errors=errors,
+        )
+    return with_defaults(skill.input_schema, inputs)
+
+
+def _input_err(path: list[Any], detail: str) -> dict[str, str]:
+    pointer = "/inputs" + "".join(f"/{p}" for p in path)
+    return {"pointer": pointer, "detail": detail, "code": "schema"}
+
+
+def _rate_check(principal: str) -> None:
+    limit = int(_setting("RATE_LIMIT_PER_MINUTE"))
+    since = timezone.now() - timedelta(seconds=60)
+    recent = SkillExecution.objects.filter(principal=principal, created_at__gte=since)
+    count = recent.count()
+    if count >= limit:
+        oldest = recent.order_by("created_at").values_list("created_at", flat=True).first()
+        age = 0.0 if oldest is None else (timezone.now() - oldest).total_seconds()
+        wait = max(1, int(60 - age) + 1)
+        raise SkillRateLimited(
+            f"{principal} requested {count} skill executions in the last minute; the limit is "
+            f"{limit}. Try again in {wait} s.",
+            limit_per_minute=limit,
+            retry_after_seconds=wait,
+        )
+
+
+def execution_request(
+    *,
+    skill: Skill,
+    inputs: Any,
+    caller: Caller,
+    origin: str,
+    idempotency_key: str | None = None,
+    generic: bool = False,
+) -> SkillExecution:
+    """Validate, check access and the rate limit, pin the rendered program, enqueue.
+
+    With an ``idempotency_key`` (agent tool calls) a second request with the same key returns
+    the first execution instead of running the skill again (a re-issued call after a crash).
+    """
+    if idempotency_key:
+        existing = SkillExecution.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    skill_access_check(skill, caller, generic=generic)
+    values = inputs_validate(skill, inputs)
+    try:
+        return _create(skill, values, caller, origin, idempotency_key)
+    except IntegrityError:
+        # A concurrent re-issue of the same call created it first.
+        return SkillExecution.objects.get(idempotency_key=idempotency_key)
+
+
+@transaction.atomic
+def _create(
+    skill: Skill,
+    values: dict[str, Any],
+    caller: Caller,
+    origin: str,
+    idempotency_key: str | None,
+) -> SkillExecution:
+    # Count and insert under one lock per principal (SQLite: the IMMEDIATE transaction's write
+    # lock), so concurrent requests cannot all pass the last free slot.
+    if db.is_postgres():
+        db.fetch_all("SELECT pg_advisory_xact_lock(hashtext(%s))", [caller.principal])
+    _rate_check(caller.principal)
+    execution = SkillExecution.objects.create(
+        skill=skill,
+        tool_name=skill.tool_name,
+        language=skill.language,
+        code=render(skill.code_template, skill.language, values),
+        inputs=values,
+        timeout_seconds=skill.timeout_seconds,
+        output_cap_bytes=skill.max_output_size_mb * MiB,
+        network=skill_network(caller),
+        principal=caller.principal,
+        origin=origin,
+        run_id=caller.run_id,
+        idempotency_key=idempotency_key,
+    )
+    transaction.on_commit(lambda: execution_nudge(execution.id))
+    return execution
+
+
+def execution_nudge(execution_id: uuid.UUID) -> None:
+    """Send the wake-up call for one execution to the skills queue (``SKILLHUB["QUEUE"]``)."""
+    from skillhub.tasks import execute_skill
+
+    try:
+        execute_skill.apply_async(args=(str(execution_id),), queue=_setting("QUEUE"))
+    except Exception:  # a broker outage only delays it: the poller nudges again
+        logger.warning("could not enqueue skill execution %s", execution_id, exc_info=True)
+
+
+# --- claim, run, finish ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecutionLease:
+    execution_id: uuid.UUID
+    owner: str
+    token: int
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+@transaction.atomic
+def execution_claim(*, execution_id: uuid.UUID, owner: str) -> ExecutionLease | None:
+    """Claim a queued execution (lease = its timeout + margin); None when it is not claimable."""
+    rows = db.fetch_all(
+        f"SELECT id, timeout_seconds FROM {_TABLE} WHERE id = %s AND status = %s{db.skip_locked()}",
+        [db.uuid_param(execution_id), ExecutionStatus.QUEUED.value],
+    )
+    if not rows:
+        return None
+    lease_seconds = float(rows[0][1]) + float(_setting("LEASE_MARGIN_SECONDS"))
+    taken = db.fetch_all(
+        f"UPDATE {_TABLE} SET status = %s, lease_owner = %s, lease_token = lease_token + 1, "
+        f"lease_expires_at = {db.now_plus_sql()}, attempts = attempts + 1, "
+        f"started_at = {db.now_sql()} WHERE id = %s AND status = %s RETURNING lease_token",
+        [
+            ExecutionStatus.RUNNING.value,
+            owner,
+            db.seconds_param(lease_seconds),
+            db.uuid_param(execution_id),
+            ExecutionStatus.QUEUED.value,
+        ],
+    )
+    if not taken:
+        return None
+    return ExecutionLease(execution_id, owner, int(taken[0][0]))
+
+
+def _archive_files(archive: bytes) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        for info in zf.infolist():
+            if not info.is_dir():
+                files[info.filename] = zf.read(info)
+    return files
+
+
+def _local_files(root: str) -> dict[str, bytes]:
+    base = Path(root)
+    if not base.is_dir():
+        raise SandboxError(f"the skill's local directory {root} does not exist")
+    files: dict[str, bytes] = {}
+    total = 0
+    for path in sorted(base.rglob("*")):
+        if path.is_symlink() or not path.is_file() or ".git" in path.relative_to(base).parts:
+            continue
+        total += path.stat().st_size
+        if total > LOCAL_DIR_MAX_BYTES:
+            raise SandboxError(f"the skill's local directory is over {LOCAL_DIR_MAX_BYTES} bytes")
+        files[path.relative_to(base).as_posix()] = path.read_bytes()
+    return files
+
+
+def _skill_files(skill: Skill) -> dict[str, bytes]:
+    if skill.source == SkillSource.LOCAL_DIR:
+        return _local_files(skill.source_ref)
+    if skill.archive:
+        return _archive_files(bytes(skill.archive))
+    return {}
+
+
+def sandbox_request_for(execution: SkillExecution) -> SandboxRequest:
+    """The sandbox request of an execution: its pinned program, inputs (also on stdin) and
+    limits; output files are collected from ``out/``."""
+    cap = int(execution.output_cap_bytes)
+    return SandboxRequest(
+        language="node" if execution.language == "node" else "python",
+        code=execution.code,
+        stdin=json.dumps(execution.inputs),
+        files=_skill_files(execution.skill),
+        env={"SKILL_TOOL_NAME": execution.tool_name, "SKILL_EXECUTION_ID": str(execution.id)},
+        timeout_seconds=float(execution.timeout_seconds),
+        limits=SandboxLimits(cpu_seconds=max(1, int(execution.timeout_seconds))),
+        output_cap_bytes=cap,
+        network="allow" if execution.network == "allow" else "deny",
+        collect_outputs="*",
+        output_file_cap_bytes=cap,
+        output_total_cap_bytes=max(cap, 5 * cap),
+    )
+
+
+def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | None:
+    """Claim, run and finish one execution (a skills worker's whole job); None if not claimed."""
+    lease = execution_claim(execution_id=execution_id, owner=owner)
+    if lease is None:
+        return None
+    execution = SkillExecution.objects.select_related("skill").get(pk=execution_id)
+    try:
+        result = run_sandboxed(sandbox_request_for(execution))
+    except SandboxError as exc:
+        execution_fail(lease=lease, error=f"{type(exc).__name__}: {exc}")
+    else:
+        execution_finish(lease=lease, result=result)
+    return SkillExecution.objects.get(pk=execution_id)
+
+
+def _fenced_update(lease: ExecutionLease, **fields: Any) -> int:
+    return SkillExecution.objects.filter(
+        pk=lease.execution_id,
+        status=ExecutionStatus.RUNNING,
+        lease_token=lease.token,
+    ).update(lease_owner=None, lease_expires_at=None, finished_at=timezone.now(), **fields)
+
+
+@transaction.atomic
+def execution_finish(*, lease: ExecutionLease, result: SandboxResult) -> bool:
+    """Store a program's result (fenced by the lease token); False when the lease was lost."""
+    ok = result.exit_code == 0 and result.killed_reason is None and not result.timed_out
+    written = _fenced_update(
+        lease,
+        status=ExecutionStatus.SUCCEEDED if ok else ExecutionStatus.FAILED,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        killed_reason=result.killed_reason or "",
+        stdout_truncated=result.stdout_truncated,
+        stderr_truncated=result.stderr_truncated,
+        duration_ms=result.duration_ms,
+        backend=result.backend,
+        notes=list(result.notes),
+        error="" if ok else _failure_text(result),
+    )
+    if not written:
+        return False
+    SkillOutputFile.objects.bulk_create(
+        SkillOutputFile(execution_id=lease.execution_id, name=f.name, size=f.size, data=f.data)
+        for f in result.output_files
+    )
+    return True
+
+
+def _failure_text(result: SandboxResult) -> str:
+    if result.timed_out or result.killed_reason == "timeout":
+        return "killed: the skill ran past its timeout"
+    if result.killed_reason:
+        return f"killed: {result.killed_reason} limit"
+    return f"the program exited with status {result.exit_code}"
+
+
+def execution_fail(*, lease: ExecutionLease, error: str) -> bool:
+    """Fail a claimed execution without a program result (e.g. the sandbox cannot run)."""
+    return bool(_fenced_update(lease, status=ExecutionStatus.FAILED, error=error))
+
+
+# --- recovery --------------------------------------------------------------------------------
+
+
+@dataclass
+class RecoverReport:
+    requeued: list[uuid.UUID]
+    failed: list[uuid.UUID]
+    nudged: list[uuid.UUID]
+
+
+@transaction.atomic
+def _expired(limit: int) -> list[tuple[uuid.UUID, int, int]]:
+    rows = db.fetch_all(
+        f"SELECT id, attempts, max_attempts FROM {_TABLE} WHERE status = %s "
+        f"AND lease_expires_at < {db.now_sql()} ORDER BY lease_expires_at LIMIT %s"
+        f"{db.skip_locked()}",
+        [ExecutionStatus.RUNNING.value, limit],
+    )
+    out = []
+    for rid, attempts, max_attempts in rows:
+        execution_id = _as_uuid(rid)
+        out.append((execution_id, int(attempts), int(max_attempts)))
+        expired = SkillExecution.objects.filter(
+            pk=execution_id, status=ExecutionStatus.RUNNING, lease_expires_at__lt=db.time_now()
+        )
+        if int(attempts) >= int(max_attempts):
+            expired.update(
+                status=ExecutionStatus.FAILED,
+                lease_owner=None,
+                lease_expires_at=None,
+                finished_at=timezone.now(),
+                error=f"the sandbox worker died or stalled {attempts} times; giving up",
+            )
+        else:
+            expired.update(status=ExecutionStatus.QUEUED, lease_owner=None, lease_expires_at=None)
+    return out
+
+
+def executions_recover(*, limit: int = 100) -> RecoverReport:
+    """The poller: re-queue executions whose lease expired (their worker died), fail those out
+    of attempts, and nudge queued executions nobody claimed for a while (a lost message)."""
+    report = RecoverReport([], [], [])
+    for execution_id, attempts, max_attempts in _expired(limit):
+        if attempts >= max_attempts:
+            report.failed.append(execution_id)
+        else:
+            report.requeued.append(execution_id)
+            execution_nudge(execution_id)
+    stale = timezone.now() - timedelta(seconds=float(_setting("RENUDGE_AFTER_SECONDS")))
+    for execution_id in SkillExecution.objects.filter(
+        status=ExecutionStatus.QUEUED, created_at__lt=stale
+    ).values_list("id", flat=True)[:limit]:
+        report.nudged.append(execution_id)
+        execution_nudge(execution_id)
+    return report
+
+
+# --- waiting ---------------------------------------------------------------------------------
+
+
+def execution_wait(*, execution_id: uuid.UUID, timeout: float) -> SkillExecution:
+    """Poll the row until it is finished or ``timeout`` seconds passed; returns the row."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        execution = SkillExecution.objects.get(pk=execution_id)
+        if execution.finished or time.monotonic() >= deadline:
+            return execution
+        time.sleep(min(delay, max(deadline - time.monotonic(), 0.01)))
+        # Fine-grained at first (a trivial skill takes ~100 ms), then one read per 250 ms.
+        delay = min(delay * 1.25, 0.25)
+
+
+async def execution_wait_async(
+    *, execution_id: uuid.UUID, timeout: float, cancelled: Any = None
+) -> SkillExecution:
+    """``execution_wait`` for the event loop: each read runs in a thread that closes its
+    connection; ``cancelled`` (a threading.Event) stops the wait early."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        execution = await asyncio.to_thread(_read_closing, execution_id)
+        if execution.finished or time.monotonic() >= deadline:
+            return execution
+        if cancelled is not None and cancelled.is_set():
+            return execution
+        await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0.01)))
+        delay = min(delay * 1.25, 0.5)
+
+
+def _read_closing(execution_id: uuid.UUID) -> SkillExecution:
+    from django.db import connection
+
+    try:
+        return SkillExecution.objects.get(pk=execution_id)
+    finally:
+        connection.close()  # a to_thread worker thread: keep no connection behind
+
+
+def execution_manifest(execution: SkillExecution) -> list[dict[str, Any]]:
+    """The output files as ``{name, size, downloadable}`` (no content)."""
+    return [
+        {"name": name, "size": size, "downloadable": has_data}
+        for name, size, has_data in (
+            (f.name, f.size, f.data is not None) for f in execution.output_files.all()
+        )
+    ]
+
+
+def execution_summary(execution: SkillExecution) -> dict[str, Any]:
+    """What a caller (agent, MCP client) gets back: status, exit, output, files."""
+    return {
+        "execution_id": str(execution.id),
+        "tool_name": execution.tool_name,
+        "status": execution.status,
+        "exit_code": execution.exit_code,
+        "timed_out": execution.timed_out,
+        "killed_reason": execution.killed_reason or None,
+        "duration_ms": execution.duration_ms,
+        "stdout": execution.stdout,
+        "stderr": execution.stderr,
+        "stdout_truncated": execution.stdout_truncated,
+        "error": execution.error or None,
+        "output_files": execution_manifest(execution),
+    }
