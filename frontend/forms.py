@@ -323,7 +323,11 @@ class SkillForm(forms.Form):
         "Files written under out/ are kept as output files. Inputs are also on stdin as JSON.",
     )
     packages = NameListField(
-        required=False, help_text="Packages the program needs, one per line (informational)."
+        required=False,
+        help_text=(
+            "Packages the program imports, one per line; checked in the sandbox before it runs "
+            "(install them on the skills worker, see docs/skills.md)."
+        ),
     )
     timeout_seconds = forms.IntegerField(
         label="Timeout (seconds)", initial=30, help_text="1 to 600; the sandbox kills it after."

@@ -9,13 +9,25 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, DecimalField, IntegerField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import (
+    Count,
+    DecimalField,
+    F,
+    IntegerField,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
+from frontend.budgets_view import attach_row_budgets
 from harness.models import HarnessProfile, HarnessProfileVersion
 from harness.selectors import profile_get_or_none, profile_list
 from loops.models import (
+    ActionApproval,
+    ApprovalStatus,
     LoopArtifact,
     LoopEvent,
     LoopPattern,
@@ -123,8 +135,29 @@ def _runs_for_table() -> QuerySet[LoopRun]:
             tokens_in_total=_step_sum("tokens_in", IntegerField()),
             tokens_out_total=_step_sum("tokens_out", IntegerField()),
             cost_total=_step_sum("cost", DecimalField(max_digits=20, decimal_places=6)),
+            pending_approvals=_pending_approvals(),
+            per_run_budget=F("policy_snapshot__budgets__perRun"),
         )
     )
+
+
+def _pending_approvals() -> Coalesce:
+    """How many approvals of the run wait for a decision (a subquery, no GROUP BY on runs)."""
+    pending = (
+        ActionApproval.objects.filter(run=OuterRef("pk"), status=ApprovalStatus.PENDING)
+        .order_by()
+        .values("run")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    return Coalesce(Subquery(pending, output_field=IntegerField()), 0)
+
+
+def _with_budgets(runs: list[LoopRun]) -> list[LoopRun]:
+    """The runs with ``run.budget`` set (their per-run tokens and cost limits and usage, one
+    query for all of them; see frontend/budgets_view.py)."""
+    attach_row_budgets(runs)
+    return runs
 
 
 def runs_for_monitor(filters: RunFilters, limit: int) -> list[LoopRun]:
@@ -135,11 +168,12 @@ def runs_for_monitor(filters: RunFilters, limit: int) -> list[LoopRun]:
         if anchor is not None:
             runs = runs.filter(created_at__lte=anchor["created_at"]).exclude(pk=filters.before)
             runs = runs.exclude(created_at=anchor["created_at"], id__gt=filters.before)
-    return list(runs[:limit])
+    return _with_budgets(list(runs[:limit]))
 
 
 def runs_by_ids(run_ids: Iterable[uuid.UUID]) -> list[LoopRun]:
-    return list(_runs_for_table().filter(pk__in=list(run_ids)).order_by("created_at", "id"))
+    runs = _runs_for_table().filter(pk__in=list(run_ids)).order_by("created_at", "id")
+    return _with_budgets(list(runs))
 
 
 @dataclass(frozen=True)
@@ -351,7 +385,7 @@ def pattern_detail(key: str) -> LoopPattern:
 
 def pattern_recent_runs(pattern: LoopPattern, limit: int = 10) -> list[LoopRun]:
     runs = _runs_for_table().filter(pattern=pattern).order_by("-created_at", "-id")
-    return list(runs[:limit])
+    return _with_budgets(list(runs[:limit]))
 
 
 # --- Harness profiles -------------------------------------------------------------------------

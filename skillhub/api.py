@@ -8,19 +8,22 @@ from typing import Any
 import django_filters
 from django.conf import settings
 from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orchestrator.accounts.permissions import IsOperator, IsViewer, ReadOrOperator
-from orchestrator.errors import Conflict, NotFound
+from orchestrator.errors import Conflict, InvalidInput, NotFound
 from skillhub.catalog import TEMPLATES
 from skillhub.models import ExecutionStatus, Skill, SkillExecution, SkillLoopConfig
 from skillhub.serializers import (
     ExecutionDetailSerializer,
+    ExecutionEventSerializer,
     ExecutionSerializer,
     GitSourceSerializer,
     LoopConfigSerializer,
@@ -34,11 +37,27 @@ from skillhub.serializers import (
 )
 from skillhub.services.access import Caller
 from skillhub.services.calls import QUEUE_GRACE_SECONDS, mcp_call_tool, mcp_list_tools
+from skillhub.services.events import EVENTS_PAGE, events_after
 from skillhub.services.executions import execution_request, execution_wait
 from skillhub.services.gitimport import git_list_skills, git_sync_skills
 from skillhub.services.skills import skill_create, skill_delete, skill_update
+from skillhub.streams import EventStreamRenderer, execution_event_stream
 
 _PROBLEM = OpenApiResponse(description="application/problem+json")
+
+
+def _after(value: str | None) -> int:
+    """The ``after`` cursor: a sequence number (0 = from the start)."""
+    if value in (None, ""):
+        return 0
+    if not str(value).isdigit():
+        raise InvalidInput(
+            "after must be a non-negative integer (an event seq)",
+            errors=[
+                {"pointer": "/after", "detail": "not a non-negative integer", "code": "invalid"}
+            ],
+        )
+    return int(str(value))
 
 
 def _actor(request: Request) -> str:
@@ -247,3 +266,58 @@ class ExecutionViewSet(
         response["Content-Disposition"] = f'attachment; filename="{safe}"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "after", int, required=False, description="Only events with a larger seq (0)."
+            )
+        ],
+        responses={200: ExecutionEventSerializer(many=True), 400: _PROBLEM, 404: _PROBLEM},
+        description=(
+            "The execution's events in order (`seq` 1, 2, ...): queued, claimed (worker, "
+            "attempt), rendering, packages_checked, sandbox_started, progress (bytes of "
+            f"stdout/stderr so far and elapsed seconds, about every second), then succeeded, "
+            f"failed or timed_out; requeued when the poller recovered it. At most {EVENTS_PAGE} "
+            "per answer: ask again with `after` = the last seq."
+        ),
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        execution = self.get_object()
+        after = _after(request.query_params.get("after"))
+        events = events_after(execution.id, after)
+        return Response(ExecutionEventSerializer(events, many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "after",
+                int,
+                required=False,
+                description="Start after this seq (or send the `Last-Event-ID` header).",
+            )
+        ],
+        responses={
+            (200, "text/event-stream"): OpenApiResponse(
+                response=OpenApiTypes.STR,
+                description="`event: event` per execution event (`id:` its seq, `data:` the "
+                "event as JSON), then `event: done` with the final status; the stream ends "
+                "when the execution is finished, or after `SSE_MAX_SECONDS` with `event: bye` "
+                "(reconnect with `Last-Event-ID`).",
+            ),
+            400: _PROBLEM,
+            404: _PROBLEM,
+        },
+        description="The execution's events as server-sent events, live while it runs.",
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path="events/stream",
+        renderer_classes=[JSONRenderer, EventStreamRenderer],
+    )
+    def events_stream(self, request: Request, pk: str | None = None) -> Any:
+        execution = self.get_object()
+        after = _after(request.headers.get("Last-Event-ID") or request.query_params.get("after"))
+        return execution_event_stream(request._request, execution.id, after)

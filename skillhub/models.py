@@ -119,6 +119,8 @@ class SkillExecution(models.Model):
     timeout_seconds = models.PositiveIntegerField()
     output_cap_bytes = models.PositiveBigIntegerField()
     network = models.CharField(max_length=10, default="deny")
+    #: The skill's declared packages, checked in the sandbox before the program runs.
+    packages = models.JSONField(default=list, blank=True)
     status = models.CharField(
         max_length=10, choices=ExecutionStatus.choices, default=ExecutionStatus.QUEUED
     )
@@ -169,6 +171,46 @@ class SkillExecution(models.Model):
     @property
     def finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+
+class ExecutionEventType(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    CLAIMED = "claimed", "Claimed by a worker"
+    RENDERING = "rendering", "Preparing the sandbox request"
+    PACKAGES_CHECKED = "packages_checked", "Packages checked"
+    SANDBOX_STARTED = "sandbox_started", "Sandbox started"
+    PROGRESS = "progress", "Output so far"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    TIMED_OUT = "timed_out", "Timed out"
+    REQUEUED = "requeued", "Recovered by the poller"
+
+
+TERMINAL_EVENT_TYPES = (
+    ExecutionEventType.SUCCEEDED,
+    ExecutionEventType.FAILED,
+    ExecutionEventType.TIMED_OUT,
+)
+
+
+class SkillExecutionEvent(models.Model):
+    """One step of an execution, append-only; ``seq`` (1, 2, ...) is assigned under the
+    execution's row lock, so seq order is commit order (``skillhub.services.events``)."""
+
+    execution = models.ForeignKey(SkillExecution, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=20, choices=ExecutionEventType.choices)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["execution", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["execution", "seq"], name="skillhub_event_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} #{self.seq} {self.type}"
 
 
 class SkillOutputFile(models.Model):

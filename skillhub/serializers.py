@@ -12,6 +12,7 @@ from skillhub.models import (
     ExecutionStatus,
     Skill,
     SkillExecution,
+    SkillExecutionEvent,
     SkillLanguage,
     SkillLoopConfig,
     SkillOutputFile,
@@ -117,7 +118,16 @@ class ExecutionSerializer(serializers.ModelSerializer[SkillExecution]):
 
 class ExecutionDetailSerializer(ExecutionSerializer):
     class Meta(ExecutionSerializer.Meta):
-        fields = [*ExecutionSerializer.Meta.fields, "code"]
+        fields = [*ExecutionSerializer.Meta.fields, "code", "packages"]
+        read_only_fields = fields
+
+
+class ExecutionEventSerializer(serializers.ModelSerializer[SkillExecutionEvent]):
+    """One event; ``data`` depends on ``type`` (docs/skills.md, Progress events)."""
+
+    class Meta:
+        model = SkillExecutionEvent
+        fields = ["seq", "type", "data", "created_at"]
         read_only_fields = fields
 
 

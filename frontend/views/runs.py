@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from frontend import selectors
 from frontend.access import actor_of, can, ui_view
+from frontend.budgets_view import run_budget_sections
 from frontend.forms import ActionForm
 from frontend.templatetags.ui import short_id
 from frontend.views.approvals import run_approvals
@@ -78,6 +79,7 @@ def run_header_context(request: HttpRequest, run: LoopRun) -> dict[str, Any]:
     return {
         "run": run,
         "usage": selectors.run_usage(run.id),
+        "budgets": run_budget_sections(run),
         "retries": selectors.run_retries(run.id),
         "actions": actions_for(request.user, run),
         "approvals": run_approvals(request.user, run),

@@ -27,6 +27,7 @@ from orchestrator.errors import Conflict, DomainError, InvalidInput
 from skillhub.models import Skill
 from skillhub.render import with_defaults
 from skillhub.services.access import Caller
+from skillhub.services.events import events_after
 from skillhub.services.executions import execution_manifest, execution_request, execution_wait
 from skillhub.services.skills import skill_create, skill_update
 
@@ -173,6 +174,7 @@ def execution_detail(request: HttpRequest, tool_name: str, execution_id: str) ->
         "execution": execution,
         "files": execution_manifest(execution),
         "can_test": can(request.user, Role.OPERATOR),
+        "events": events_after(execution.id, 0),
     }
     return render(request, "frontend/skills/execution.html", context)
 

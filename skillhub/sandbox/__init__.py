@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from skillhub.sandbox.config import SandboxConfig
 from skillhub.sandbox.probe import BackendProbe, probe_backend
-from skillhub.sandbox.runner import run_sandboxed, run_sandboxed_async, sandbox_reap_stale
+from skillhub.sandbox.runner import (
+    OutputMeter,
+    run_sandboxed,
+    run_sandboxed_async,
+    sandbox_reap_stale,
+)
 from skillhub.sandbox.types import (
     Backend,
     KilledReason,
@@ -33,6 +38,7 @@ __all__ = [
     "Language",
     "Network",
     "OutputFile",
+    "OutputMeter",
     "SandboxBusy",
     "SandboxConfig",
     "SandboxError",

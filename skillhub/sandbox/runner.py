@@ -70,8 +70,33 @@ _MEMORY_MARKERS = (
 _FILE_SIZE_MARKERS = (b"[Errno 27] File too large", b"EFBIG: file too large")
 
 
-def run_sandboxed(request: SandboxRequest, config: SandboxConfig | None = None) -> SandboxResult:
+class OutputMeter:
+    """A live view of one run for another thread (a progress watcher): when the program was
+    spawned, on which backend, and how many bytes of stdout and stderr it wrote so far.
+
+    The runner's event loop is the only writer; readers see plain attribute values (each read
+    is atomic), good enough for progress reports.
+    """
+
+    def __init__(self) -> None:
+        #: ``time.monotonic()`` when the program was spawned; None before.
+        self.started_at: float | None = None
+        self.backend: Backend | None = None
+        self.stdout_bytes = 0
+        self.stderr_bytes = 0
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
+
+def run_sandboxed(
+    request: SandboxRequest,
+    config: SandboxConfig | None = None,
+    meter: OutputMeter | None = None,
+) -> SandboxResult:
     """Run ``request`` in the sandbox and wait for the result (synchronous callers).
+
+    ``meter`` (optional) is updated while the program runs, for progress reports.
 
     Raises SandboxUnavailable when bubblewrap cannot run and the rlimit-only mode is not
     allowed, SandboxBusy when no uid slot frees up before the request's timeout. A failing,
@@ -80,14 +105,16 @@ def run_sandboxed(request: SandboxRequest, config: SandboxConfig | None = None) 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_sandboxed_async(request, config))
+        return asyncio.run(run_sandboxed_async(request, config, meter))
     raise RuntimeError(
         "run_sandboxed() called from a running event loop: await run_sandboxed_async"
     )
 
 
 async def run_sandboxed_async(
-    request: SandboxRequest, config: SandboxConfig | None = None
+    request: SandboxRequest,
+    config: SandboxConfig | None = None,
+    meter: OutputMeter | None = None,
 ) -> SandboxResult:
     """The asynchronous form of ``run_sandboxed`` (asyncio subprocesses, same guarantees).
 
@@ -115,7 +142,7 @@ async def run_sandboxed_async(
             slot=None if slot is None else slot.index,
         )
         try:
-            outcome = await _run_in(rundir, request, config, backend, probe, uid)
+            outcome = await _run_in(rundir, request, config, backend, probe, uid, meter)
             files, file_notes = _collect(rundir, request)
         finally:
             await asyncio.to_thread(rundir_remove, rundir)
@@ -174,10 +201,13 @@ async def _run_in(
     backend: Backend,
     probe: BackendProbe,
     uid: int | None,
+    meter: OutputMeter | None = None,
 ) -> _Outcome:
+    meter = meter or OutputMeter()
+    meter.backend = backend
     if backend == "rlimit-only":
         launch = rlimit_launch(config=config, request=request, rundir=rundir, uid=uid)
-        return await _execute(launch, request, uid=uid, fds=None)
+        return await _execute(launch, request, uid=uid, fds=None, meter=meter)
     with launch_fds(probe.seccomp_error is None) as fds:
         launch = bwrap_launch(
             config=config,
@@ -189,7 +219,7 @@ async def _run_in(
             status_fd=fds.status_write,
         )
         fds.fill_args(launch)
-        return await _execute(launch, request, uid=uid, fds=fds)
+        return await _execute(launch, request, uid=uid, fds=fds, meter=meter)
 
 
 # --- one execution ---------------------------------------------------------------------------
@@ -214,6 +244,7 @@ async def _execute(
     *,
     uid: int | None,
     fds: LaunchFds | None,
+    meter: OutputMeter,
 ) -> _Outcome:
     """Spawn and supervise one launch; ``fds`` is None for the rlimit-only backend."""
     stdin = None if request.stdin is None else request.stdin.encode()
@@ -228,6 +259,7 @@ async def _execute(
         pass_fds=() if fds is None else fds.passed(),
     )
     started = time.monotonic()
+    meter.started_at = started
     kills = RunKiller(RunScope(root_pid=proc.pid, pgid=proc.pid, uid=uid), include_root=fds is None)
     init = None
     if fds is not None:
@@ -238,8 +270,8 @@ async def _execute(
         kills.scope, request.limits.memory_bytes, lambda: kills.kill("memory")
     )
     readers = [
-        asyncio.create_task(_read_capped(stream, request.output_cap_bytes, kills))
-        for stream in (proc.stdout, proc.stderr)
+        asyncio.create_task(_read_capped(stream, request.output_cap_bytes, kills, meter, name))
+        for stream, name in ((proc.stdout, "stdout_bytes"), (proc.stderr, "stderr_bytes"))
         if stream is not None
     ]
     feeder = asyncio.create_task(_feed(proc, stdin))
@@ -299,12 +331,14 @@ async def _wait_or_kill(proc: asyncio.subprocess.Process, kills: RunKiller, time
 
 
 async def _read_capped(
-    stream: asyncio.StreamReader, cap: int, kills: RunKiller
+    stream: asyncio.StreamReader, cap: int, kills: RunKiller, meter: OutputMeter, counter: str
 ) -> tuple[bytes, bool]:
-    """Read to end-of-file keeping at most ``cap`` bytes; kill the run when it passes."""
+    """Read to end-of-file keeping at most ``cap`` bytes; kill the run when it passes.
+    ``meter.<counter>`` counts every byte read (kept or not)."""
     kept = bytearray()
     truncated = False
     while chunk := await stream.read(_READ_CHUNK):
+        setattr(meter, counter, getattr(meter, counter) + len(chunk))
         if truncated:
             continue  # drain until the kill closes the pipe
         room = cap - len(kept)

@@ -15,6 +15,7 @@ import asyncio
 import io
 import json
 import logging
+import threading
 import time
 import uuid
 import zipfile
@@ -24,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
 from loops import db
 from orchestrator.errors import InvalidInput
 from skillhub.models import (
+    ExecutionEventType,
     ExecutionStatus,
     Skill,
     SkillExecution,
@@ -39,6 +41,7 @@ from skillhub.models import (
 )
 from skillhub.render import render, with_defaults
 from skillhub.sandbox import (
+    OutputMeter,
     SandboxError,
     SandboxLimits,
     SandboxRequest,
@@ -52,6 +55,8 @@ from skillhub.services.access import (
     skill_access_check,
     skill_network,
 )
+from skillhub.services.events import event_append
+from skillhub.services.packages import packages_missing, packages_missing_text
 
 logger = logging.getLogger(__name__)
 _TABLE = SkillExecution._meta.db_table
@@ -156,6 +161,12 @@ def _create(
         origin=origin,
         run_id=caller.run_id,
         idempotency_key=idempotency_key,
+        packages=list(skill.packages or []),
+    )
+    event_append(
+        execution_id=execution.id,
+        type=ExecutionEventType.QUEUED,
+        data={"origin": origin, "principal": caller.principal, "code_bytes": len(execution.code)},
     )
     transaction.on_commit(lambda: execution_nudge(execution.id))
     return execution
@@ -209,7 +220,17 @@ def execution_claim(*, execution_id: uuid.UUID, owner: str) -> ExecutionLease | 
     )
     if not taken:
         return None
-    return ExecutionLease(execution_id, owner, int(taken[0][0]))
+    lease = ExecutionLease(execution_id, owner, int(taken[0][0]))
+    attempt = db.fetch_all(
+        f"SELECT attempts, max_attempts FROM {_TABLE} WHERE id = %s", [db.uuid_param(execution_id)]
+    )[0]
+    event_append(
+        execution_id=execution_id,
+        type=ExecutionEventType.CLAIMED,
+        data={"worker": owner, "attempt": int(attempt[0]), "max_attempts": int(attempt[1])},
+        lease_token=lease.token,
+    )
+    return lease
 
 
 def _archive_files(archive: bytes) -> dict[str, bytes]:
@@ -266,18 +287,126 @@ def sandbox_request_for(execution: SkillExecution) -> SandboxRequest:
 
 
 def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | None:
-    """Claim, run and finish one execution (a skills worker's whole job); None if not claimed."""
+    """Claim, run and finish one execution (a skills worker's whole job); None if not claimed.
+
+    Every stage is an event (``skillhub.services.events``); while the program runs a watcher
+    thread appends ``progress`` (bytes of stdout/stderr so far, elapsed seconds) about once a
+    second."""
     lease = execution_claim(execution_id=execution_id, owner=owner)
     if lease is None:
         return None
     execution = SkillExecution.objects.select_related("skill").get(pk=execution_id)
     try:
-        result = run_sandboxed(sandbox_request_for(execution))
+        request = sandbox_request_for(execution)
+        _event(lease, ExecutionEventType.RENDERING, _rendering_data(request))
+        missing = _packages_preflight(lease, execution, request)
+        if missing:
+            execution_fail(lease=lease, error=packages_missing_text(missing, execution.language))
+            return SkillExecution.objects.get(pk=execution_id)
+        result = _run_watched(lease, request)
     except SandboxError as exc:
         execution_fail(lease=lease, error=f"{type(exc).__name__}: {exc}")
     else:
         execution_finish(lease=lease, result=result)
     return SkillExecution.objects.get(pk=execution_id)
+
+
+def _event(lease: ExecutionLease, type: ExecutionEventType, data: dict[str, Any]) -> bool:
+    """A worker's own event: written only while it holds the lease."""
+    return event_append(
+        execution_id=lease.execution_id, type=type, data=data, lease_token=lease.token
+    )
+
+
+def _rendering_data(request: SandboxRequest) -> dict[str, Any]:
+    return {
+        "language": request.language,
+        "code_bytes": len(request.code.encode()),
+        "files": len(request.files),
+        "files_bytes": sum(len(v) for v in request.files.values()),
+        "network": request.network,
+        "timeout_seconds": request.timeout_seconds,
+    }
+
+
+def _packages_preflight(
+    lease: ExecutionLease, execution: SkillExecution, request: SandboxRequest
+) -> list[str]:
+    """The declared packages the sandbox's interpreter cannot import (checked in the sandbox,
+    with the program's files and interpreter); [] when none are declared."""
+    packages = [str(p) for p in (execution.packages or [])]
+    if not packages:
+        return []
+    missing = packages_missing(request, packages)
+    _event(lease, ExecutionEventType.PACKAGES_CHECKED, {"packages": packages, "missing": missing})
+    return missing
+
+
+#: Seconds between two ``progress`` events of a running program.
+PROGRESS_INTERVAL_SECONDS = 1.0
+#: How often the watcher looks whether the sandbox has started.
+_START_POLL_SECONDS = 0.05
+
+
+class _Watcher:
+    """Appends ``sandbox_started`` and then ``progress`` events from a thread of its own while
+    ``run_sandboxed`` blocks the worker's thread. It stops writing once its lease is lost."""
+
+    def __init__(self, lease: ExecutionLease, meter: OutputMeter) -> None:
+        self.lease = lease
+        self.meter = meter
+        self.stop = threading.Event()
+        self.started_sent = False
+        self.lost = False
+        self.thread = threading.Thread(
+            target=self._loop, name=f"skill-progress-{lease.execution_id}", daemon=True
+        )
+
+    def _loop(self) -> None:
+        try:
+            next_progress = 0.0
+            while not self.stop.wait(_START_POLL_SECONDS) and not self.lost:
+                if self.meter.started_at is None:
+                    continue
+                if not self.started_sent:
+                    self.announce_start()
+                    next_progress = time.monotonic() + PROGRESS_INTERVAL_SECONDS
+                elif time.monotonic() >= next_progress:
+                    self.lost = not _event(self.lease, ExecutionEventType.PROGRESS, self.progress())
+                    next_progress += PROGRESS_INTERVAL_SECONDS
+        except Exception:  # progress is best effort: the result is still stored
+            logger.warning("progress events of %s failed", self.lease.execution_id, exc_info=True)
+        finally:
+            connection.close()  # this thread's own connection
+
+    def announce_start(self) -> None:
+        self.started_sent = True
+        data = {"backend": self.meter.backend}
+        self.lost = not _event(self.lease, ExecutionEventType.SANDBOX_STARTED, data)
+
+    def progress(self) -> dict[str, Any]:
+        return {
+            "stdout_bytes": self.meter.stdout_bytes,
+            "stderr_bytes": self.meter.stderr_bytes,
+            "elapsed_seconds": round(self.meter.elapsed(), 3),
+        }
+
+    def finish(self) -> None:
+        """Stop the thread; a run too short for it to notice still gets ``sandbox_started``."""
+        self.stop.set()
+        self.thread.join()
+        if self.meter.started_at is not None and not self.started_sent and not self.lost:
+            self.announce_start()
+
+
+def _run_watched(lease: ExecutionLease, request: SandboxRequest) -> SandboxResult:
+    meter = OutputMeter()
+    watcher = _Watcher(lease, meter)
+    watcher.thread.start()
+    try:
+        return run_sandboxed(request, meter=meter)
+    finally:
+        watcher.finish()
 
 
 def _fenced_update(lease: ExecutionLease, **fields: Any) -> int:
@@ -309,6 +438,23 @@ def execution_finish(*, lease: ExecutionLease, result: SandboxResult) -> bool:
     )
     if not written:
         return False
+    if ok:
+        kind = ExecutionEventType.SUCCEEDED
+    elif result.timed_out or result.killed_reason == "timeout":
+        kind = ExecutionEventType.TIMED_OUT
+    else:
+        kind = ExecutionEventType.FAILED
+    data: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "duration_ms": result.duration_ms,
+        "killed_reason": result.killed_reason,
+        "stdout_bytes": len(result.stdout.encode()),
+        "stderr_bytes": len(result.stderr.encode()),
+        "output_files": len(result.output_files),
+    }
+    if not ok:
+        data["error"] = _failure_text(result)
+    event_append(execution_id=lease.execution_id, type=kind, data=data)
     SkillOutputFile.objects.bulk_create(
         SkillOutputFile(execution_id=lease.execution_id, name=f.name, size=f.size, data=f.data)
         for f in result.output_files
@@ -324,9 +470,15 @@ def _failure_text(result: SandboxResult) -> str:
     return f"the program exited with status {result.exit_code}"
 
 
+@transaction.atomic
 def execution_fail(*, lease: ExecutionLease, error: str) -> bool:
     """Fail a claimed execution without a program result (e.g. the sandbox cannot run)."""
-    return bool(_fenced_update(lease, status=ExecutionStatus.FAILED, error=error))
+    if not _fenced_update(lease, status=ExecutionStatus.FAILED, error=error):
+        return False
+    event_append(
+        execution_id=lease.execution_id, type=ExecutionEventType.FAILED, data={"error": error}
+    )
+    return True
 
 
 # --- recovery --------------------------------------------------------------------------------
@@ -354,16 +506,25 @@ def _expired(limit: int) -> list[tuple[uuid.UUID, int, int]]:
         expired = SkillExecution.objects.filter(
             pk=execution_id, status=ExecutionStatus.RUNNING, lease_expires_at__lt=db.time_now()
         )
+        worker = expired.values_list("lease_owner", flat=True).first()
+        counts = {"attempts": int(attempts), "max_attempts": int(max_attempts), "worker": worker}
         if int(attempts) >= int(max_attempts):
-            expired.update(
+            error = f"the sandbox worker died or stalled {attempts} times; giving up"
+            changed = expired.update(
                 status=ExecutionStatus.FAILED,
                 lease_owner=None,
                 lease_expires_at=None,
                 finished_at=timezone.now(),
-                error=f"the sandbox worker died or stalled {attempts} times; giving up",
+                error=error,
             )
+            kind, data = ExecutionEventType.FAILED, {**counts, "error": error, "by": "poller"}
         else:
-            expired.update(status=ExecutionStatus.QUEUED, lease_owner=None, lease_expires_at=None)
+            changed = expired.update(
+                status=ExecutionStatus.QUEUED, lease_owner=None, lease_expires_at=None
+            )
+            kind, data = ExecutionEventType.REQUEUED, {**counts, "by": "poller"}
+        if changed:
+            event_append(execution_id=execution_id, type=kind, data=data)
     return out
 
 

@@ -15,9 +15,9 @@ from jsonschema.exceptions import SchemaError
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillSource, ToolScope
 from skillhub.render import placeholders
+from skillhub.services.packages import package_hint, package_pattern
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
-_PACKAGE = re.compile(r"^[A-Za-z0-9@][A-Za-z0-9._/@=<>!~^*+-]{0,199}$")
 #: Largest zip upload and largest total of its unpacked files.
 ARCHIVE_MAX_BYTES = 20 * 1024 * 1024
 ARCHIVE_MAX_UNPACKED = 50 * 1024 * 1024
@@ -79,11 +79,16 @@ def _archive_errors(archive: bytes | None) -> Errors:
     return [_err("/archive", f"holds unsafe paths: {', '.join(bad[:5])}")] if bad else []
 
 
-def _list_errors(values: Any, pointer: str, pattern: re.Pattern[str], what: str) -> Errors:
+def _package_errors(values: Any, language: Any) -> Errors:
+    """Names only (checked in the sandbox before each run, never installed): no versions, paths
+    or shell syntax, so nothing a later installer could be tricked with is ever stored."""
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        return [_err(pointer, f"must be a list of {what}")]
-    return [_err(f"{pointer}/{i}", f"is not a valid {what}") for i, v in enumerate(values)
-            if not pattern.match(v)]  # fmt: skip
+        return [_err("/packages", "must be a list of package names")]
+    if len(values) > 50:
+        return [_err("/packages", "may name at most 50 packages")]
+    pattern, hint = package_pattern(language), package_hint(language)
+    return [_err(f"/packages/{i}", f"{v!r} is not a valid package name: expected {hint}")
+            for i, v in enumerate(values) if not pattern.fullmatch(v)]  # fmt: skip
 
 
 def _source_errors(data: Mapping[str, Any]) -> Errors:
@@ -112,7 +117,7 @@ def _field_errors(data: Mapping[str, Any]) -> Errors:
         errors.append(_err("/timeout_seconds", "must be between 1 and 600"))
     if not 1 <= int(data.get("max_output_size_mb") or 0) <= 100:
         errors.append(_err("/max_output_size_mb", "must be between 1 and 100"))
-    errors += _list_errors(data.get("packages", []), "/packages", _PACKAGE, "package name")
+    errors += _package_errors(data.get("packages", []), data.get("language"))
     errors += _scope_errors(data)
     errors += _source_errors(data)
     errors += _archive_errors(data.get("archive"))

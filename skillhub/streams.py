@@ -1,0 +1,100 @@
+"""The server-sent-events stream of one execution's events
+(``GET /api/v1/skill-executions/{id}/events/stream``).
+
+The same approach as the UI's live pages (``frontend/streams.py``, whose transport this
+reuses): the database is the source of truth and is polled every ``SSE_POLL_SECONDS``; each new
+event goes out as ``event: event`` with ``id: <seq>`` and the event as JSON, so a reconnecting
+client (``Last-Event-ID``) resumes exactly. The stream sends ``done`` and ends once the
+execution is finished and every event was sent: the terminal event is committed together with
+the finished status (``skillhub.services.events``), so reading the status first and the events
+second never ends the stream early.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, StreamingHttpResponse
+from rest_framework.renderers import BaseRenderer
+
+from frontend.streams import Message, async_events, stream_timing, sync_events
+from skillhub.models import FINISHED_STATUSES, SkillExecution, SkillExecutionEvent
+from skillhub.services.events import EVENTS_PAGE, events_after
+
+_FINISHED = frozenset(s.value for s in FINISHED_STATUSES)
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets DRF's content negotiation accept ``Accept: text/event-stream`` (what EventSource
+    sends); the stream itself is a StreamingHttpResponse, only errors pass through here."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+    charset = "utf-8"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        return Message("error", data if isinstance(data, dict) else {"detail": data}).encode()
+
+
+def event_data(event: SkillExecutionEvent) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "type": event.type,
+        "data": event.data,
+        "created_at": event.created_at,
+    }
+
+
+class ExecutionEventsFeed:
+    """New events of one execution after a cursor; ``done`` once it is finished and drained."""
+
+    def __init__(self, execution_id: uuid.UUID, after: int) -> None:
+        self.execution_id = execution_id
+        self.after = after
+        self.finished = False
+
+    def poll(self) -> list[Message]:
+        status = (
+            SkillExecution.objects.filter(pk=self.execution_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status is None:
+            self.finished = True
+            return [Message("done", {"status": "deleted"})]
+        events = events_after(self.execution_id, self.after)
+        out = []
+        for event in events:
+            out.append(Message("event", event_data(event), id=str(event.seq)))
+            self.after = event.seq
+        if status in _FINISHED and len(events) < EVENTS_PAGE:
+            self.finished = True
+            out.append(Message("done", {"status": status}, id=str(self.after)))
+        return out
+
+    def farewell(self) -> Message:
+        return Message("bye", {}, id=str(self.after))
+
+
+def execution_event_stream(
+    request: HttpRequest, execution_id: uuid.UUID, after: int
+) -> StreamingHttpResponse:
+    """The streaming response: async under ASGI, a plain generator under WSGI."""
+    feed = ExecutionEventsFeed(execution_id, after)
+    timing = stream_timing()
+    if isinstance(request, ASGIRequest):
+        response = StreamingHttpResponse(async_events(feed, timing))
+    else:
+        response = StreamingHttpResponse(sync_events(feed, timing))
+    response["Content-Type"] = "text/event-stream; charset=utf-8"
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
