@@ -13,6 +13,9 @@ database from that point).
   ``summary``. The event id is a cursor ``e<event id>.s<step id>``; ids are re-scanned a little
   behind the cursor, because a PostgreSQL sequence hands out ids before their transactions
   commit, so a lower id can become visible after a higher one.
+- ``/ui/stream/approvals`` (the approvals queue): ``queue`` with the re-rendered queue whenever
+  its fingerprint (pending and total counts, newest request and decision) differs from the one
+  the page (``?v=``) or the last message showed.
 - ``/ui/stream/runs/<id>`` (a run's page): ``event`` per LoopEvent (event id = its ``seq``,
   which is written under the run's row lock, so seq order is commit order), ``step`` for a new or
   changed step (steps still open are re-read until they finish), ``run`` for the header, then
@@ -183,6 +186,32 @@ class RunsFeed:
 
     def farewell(self) -> Message:
         return Message("bye", {}, id=self.cursor)
+
+
+# --- The approvals queue's feed ----------------------------------------------------------------
+
+
+class ApprovalsFeed:
+    """The whole queue again whenever an approval was requested or decided (it is short)."""
+
+    def __init__(self, request: HttpRequest, version: str) -> None:
+        self.request = request
+        self.version = version
+        self.finished = False
+
+    def poll(self) -> list[Message]:
+        from frontend.views.approvals import queue_context, queue_version
+
+        version = queue_version()
+        if version == self.version:
+            return []
+        self.version = version
+        context = queue_context(self.request)
+        html = render_to_string("frontend/approvals/_queue.html", context, request=self.request)
+        return [Message("queue", {"pending": len(context["pending"]), "html": html})]
+
+    def farewell(self) -> Message:
+        return Message("bye", {})
 
 
 # --- A run's feed -----------------------------------------------------------------------------
@@ -421,6 +450,12 @@ def runs_stream(request: HttpRequest) -> StreamingHttpResponse:
     cursor = selectors.ChangeCursor.decode(_last_event_id(request, "since"))
     feed = RunsFeed(request, filters, cursor or selectors.change_cursor_now())
     return event_stream(request, feed)
+
+
+@ui_view()
+def approvals_stream(request: HttpRequest) -> StreamingHttpResponse:
+    """The approvals queue's live feed, from the fingerprint the page was drawn at (``?v=``)."""
+    return event_stream(request, ApprovalsFeed(request, request.GET.get("v", "")))
 
 
 def _int(value: str) -> int:

@@ -76,5 +76,6 @@ urlpatterns = [
     path("metrics", metrics.metrics, name="metrics"),
     # Live updates (server-sent events)
     path("ui/stream/runs", streams.runs_stream, name="stream-runs"),
+    path("ui/stream/approvals", streams.approvals_stream, name="stream-approvals"),
     path("ui/stream/runs/<str:run_id>", streams.run_stream, name="stream-run"),
 ]

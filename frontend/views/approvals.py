@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -61,20 +61,33 @@ def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
     return rows
 
 
-@ui_view()
-def approval_list(request: HttpRequest) -> HttpResponse:
-    """Pending approvals of every run, oldest first, then the latest decisions."""
+def queue_version() -> str:
+    """A fingerprint of the queue: it changes whenever an approval is added or decided."""
+    figures = ActionApproval.objects.aggregate(
+        pending=Count("id", filter=Q(status=ApprovalStatus.PENDING)),
+        total=Count("id"),
+        created=Max("created_at"),
+        decided=Max("decided_at"),
+    )
+    return "|".join(str(figures[k]) for k in ("pending", "total", "created", "decided"))
+
+
+def queue_context(request: HttpRequest) -> dict[str, Any]:
+    """The pending approvals of every run, oldest first, then the latest decisions."""
     pending = list(_approvals().filter(status=ApprovalStatus.PENDING).order_by("created_at"))
     decided = list(
         _approvals()
         .exclude(status=ApprovalStatus.PENDING)
         .order_by("-decided_at")[:RECENT_DECISIONS]
     )
-    context = {
-        "pending": pending,
-        "decided": decided,
-        "can_decide": can(request.user, Role.APPROVER),
-    }
+    return {"pending": pending, "decided": decided, "can_decide": can(request.user, Role.APPROVER)}
+
+
+@ui_view()
+def approval_list(request: HttpRequest) -> HttpResponse:
+    """The queue page; it follows new and decided approvals live (``frontend.streams``)."""
+    version = queue_version()  # before the rows: what changes later is streamed
+    context = {**queue_context(request), "version": version}
     return render(request, "frontend/approvals/list.html", context)
 
 

@@ -27,16 +27,13 @@ from loops.services.runs import run_trigger
 from loops.services.workspaces import workspace_path
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
-from orchestrator.agents.services import employee_create, model_endpoint_create
 from tests.e2e.conftest import start_worker
 from tests.support.approvals import (
-    LEADER,
-    MAKER,
-    VERIFIER,
     Decision,
     approval_pattern,
     audit_problems,
     http_reply,
+    loopback_team,
     pending_approvals,
     race_decisions,
     response_text,
@@ -66,19 +63,7 @@ def model() -> Iterator[ModelServer]:
 
 @pytest.fixture
 def team(model: ModelServer) -> Any:
-    endpoint = model_endpoint_create(
-        name="approvals-loopback",
-        provider="openai",
-        base_url=model.url,
-        model="approvals-script",
-        max_retries=1,
-        timeout_seconds=60,
-    )
-    tools = {LEADER: ["read", "list"], MAKER: ["read", "list", "write", "edit"]}
-    for username in (LEADER, MAKER, VERIFIER):
-        employee_create(
-            username=username, endpoint=endpoint, tools=tools.get(username, ["read", "list"])
-        )
+    loopback_team(model.url, "approvals")
     return approval_pattern("approvals-e2e")
 
 

@@ -31,16 +31,13 @@ from rest_framework.test import APIClient
 from loops.management.commands.seed_demo import ensure_demo_repository
 from loops.models import ActionApproval, CircuitState, LoopEvent, LoopRun, LoopStep, RunStatus
 from loops.services.workspaces import workspace_path
-from orchestrator.agents.services import employee_create, model_endpoint_create
 from tests.e2e.conftest import start_beat, start_worker
 from tests.support.approvals import (
-    LEADER,
-    MAKER,
-    VERIFIER,
     approval_pattern,
     audit_problems,
     http_reply,
     inputs_of,
+    loopback_team,
     role_of,
     tool_results,
     write_call,
@@ -93,19 +90,7 @@ def model() -> Iterator[ModelServer]:
 
 @pytest.fixture
 def team(model: ModelServer) -> None:
-    endpoint = model_endpoint_create(
-        name="outcomes-loopback",
-        provider="openai",
-        base_url=model.url,
-        model="outcomes-script",
-        max_retries=1,
-        timeout_seconds=60,
-    )
-    tools = {LEADER: ["read", "list"], MAKER: ["read", "list", "write", "edit"]}
-    for username in (LEADER, MAKER, VERIFIER):
-        employee_create(
-            username=username, endpoint=endpoint, tools=tools.get(username, ["read", "list"])
-        )
+    loopback_team(model.url, "outcomes")
 
 
 @pytest.fixture

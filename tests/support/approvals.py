@@ -517,3 +517,23 @@ def race_decisions(
         for client in clients:
             client.close()
     return outcomes
+
+
+def loopback_team(base_url: str, name: str) -> None:
+    """The approvals team (leader reads, maker reads and writes, verifier reads) on one
+    OpenAI-compatible endpoint at ``base_url`` (a ``ModelServer`` of the test)."""
+    from orchestrator.agents.services import employee_create, model_endpoint_create
+
+    endpoint = model_endpoint_create(
+        name=f"{name}-loopback",
+        provider="openai",
+        base_url=base_url,
+        model=f"{name}-script",
+        max_retries=1,
+        timeout_seconds=60,
+    )
+    tools = {LEADER: ["read", "list"], MAKER: ["read", "list", "write", "edit"]}
+    for username in (LEADER, MAKER, VERIFIER):
+        employee_create(
+            username=username, endpoint=endpoint, tools=tools.get(username, ["read", "list"])
+        )

@@ -192,6 +192,18 @@
     });
   }
 
+  function approvalsQueue(queue) {
+    var indicator = document.querySelector("[data-live-indicator]");
+    connect(queue.dataset.stream, indicator, {
+      queue: function (data) {
+        /* Not while someone is typing in the queue (it has no forms today; keep it that way). */
+        queue.innerHTML = data.html;
+        localizeTimes(queue);
+        announce(data.pending + " approval" + (data.pending === 1 ? "" : "s") + " pending.");
+      }
+    });
+  }
+
   /* --- Everywhere ------------------------------------------------------------------------- */
 
   document.addEventListener("submit", function (event) {
@@ -211,5 +223,7 @@
     if (table && table.dataset.stream && window.EventSource) { monitor(table); }
     var page = document.getElementById("run-page");
     if (page && page.dataset.stream && window.EventSource) { runPage(page); }
+    var queue = document.getElementById("approvals-queue");
+    if (queue && queue.dataset.stream && window.EventSource) { approvalsQueue(queue); }
   });
 })();
