@@ -120,13 +120,19 @@ def test_runs_survive_losing_the_broker_and_its_queued_messages(
     # dropped (AttributeError on conninfo.hostname, kombu#970 family); production runs workers
     # under a supervisor (deploy/), and the runs above completed regardless. Any other death of
     # the survivor is a failure.
+    # The runs may all finish (the database drives them) before the survivor's reconnect backoff
+    # (up to ~8 s) is over, so wait for its first message since Redis came back.
+    def survivor_settled() -> bool:
+        log = survivor.log()
+        died = not survivor.alive() or "Unrecoverable error" in log
+        return died or "] received" in log[survivor_log_at_up:]
+
+    wait_for(survivor_settled, timeout=60, message=log_tails([survivor, *procs]))
     log = survivor.log()
     if not survivor.alive() or "Unrecoverable error" in log:
         assert "AttributeError" in log and "hostname" in log, (
             "the surviving worker died:\n" + log_tails([survivor])
         )
-    else:
-        assert "] received" in log[survivor_log_at_up:], log_tails([survivor])
     _assert_killed_runs_came_back(hit, killed_at, up_at)
     assert done_in_outage > 0  # the database, not the broker, drives the work
     attempts = attempts_per_key()
