@@ -9,18 +9,14 @@ import asyncio
 import functools
 import socket
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
-from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import connections
 
-from orchestrator.agents.breaker_store import DatabaseBreakerStore
 from orchestrator.runtime.breaker import (
     BreakerSnapshot,
     BreakerState,
@@ -31,6 +27,7 @@ from orchestrator.runtime.breaker import (
 )
 from orchestrator.runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
 from orchestrator.runtime.types import ChatRequest, ModelCallFailed
+from tests.support.breakers import FakeClock
 from tests.support.model_server import Completion, Delay, Error, ModelServer, RecordedRequest
 
 KEY = "model-endpoint:primary"
@@ -40,39 +37,6 @@ FAST = RetryPolicy(base_delay=0.001, max_delay=0.002)
 
 # Real commits: the database store is exercised from several threads and connections.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.value = 1_800_000_000.0
-
-    def now(self) -> float:
-        return self.value
-
-    def advance(self, seconds: float) -> None:
-        self.value += seconds
-
-
-@pytest.fixture(params=["database", "redis"])
-def store(request: pytest.FixtureRequest) -> Iterator[BreakerStore]:
-    if request.param == "database":
-        yield DatabaseBreakerStore()
-        # The async path runs the ORM on asgiref's sync thread: close its connection too.
-        asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
-        return
-    if not settings.REDIS_URL:
-        pytest.skip("REDIS_URL is not set: the Redis breaker store is tested against real Redis")
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    prefix = f"loopwright-test:{uuid.uuid4().hex}:"
-    yield RedisBreakerStore(client, prefix=prefix)
-    for name in client.scan_iter(match=prefix + "*"):
-        client.delete(name)
-    client.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 async def read(breaker: CircuitBreaker, key: str = KEY) -> BreakerSnapshot:

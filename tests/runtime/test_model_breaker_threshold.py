@@ -6,50 +6,23 @@ Both stores (database rows, and Redis when ``REDIS_URL`` is set)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-import redis
-from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.db import connections
 
-from orchestrator.agents.breaker_store import DatabaseBreakerStore
 from orchestrator.runtime.breaker import (
     FAILURE_THRESHOLD,
     BreakerState,
     BreakerStore,
-    RedisBreakerStore,
 )
 from orchestrator.runtime.breaker import CircuitBreaker as Breaker
 from orchestrator.runtime.model_client import OpenAICompatibleClient
 from orchestrator.runtime.types import ModelCallFailed
-from tests.runtime.test_model_breaker import ASK, FAST, KEY, FakeClock, endpoint, read
+from tests.runtime.test_model_breaker import ASK, FAST, KEY, endpoint, read
+from tests.support.breakers import FakeClock
 from tests.support.model_server import Completion, Delay, Error, ModelServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
-
-
-@pytest.fixture(params=["database", "redis"])
-def store(request: pytest.FixtureRequest) -> Iterator[BreakerStore]:
-    if request.param == "database":
-        yield DatabaseBreakerStore()
-        asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
-        return
-    if not settings.REDIS_URL:
-        pytest.skip("REDIS_URL is not set: the Redis breaker store is tested against real Redis")
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    prefix = f"loopwright-test:{uuid.uuid4().hex}:"
-    yield RedisBreakerStore(client, prefix=prefix)
-    for name in client.scan_iter(match=prefix + "*"):
-        client.delete(name)
-    client.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 async def test_one_caller_with_a_large_retry_budget_stops_at_the_threshold(
