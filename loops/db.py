@@ -6,15 +6,26 @@ cannot extend or steal a lease (RELIABILITY.md D5).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.models import Model, Q
 from django.db.models.expressions import RawSQL
+from django.db.models.sql import InsertQuery, UpdateQuery
 
 
+@functools.cache
 def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
+    """Every thread's connection is to the one configured database (looked up once: the
+    connection proxy's per-thread lookup costs more than the statements it would shape)."""
+    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
 
 
 def now_sql() -> str:
@@ -74,3 +85,146 @@ def time_in(seconds: float) -> RawSQL:
 
 def time_now() -> RawSQL:
     return RawSQL(now_sql(), [])  # noqa: S611 - constant SQL
+
+
+# --- ORM-shaped statements for batches ----------------------------------------------------------
+
+
+def update_sql(model: type[Model], values: dict[str, Any], **filters: Any) -> tuple[str, list[Any]]:
+    """The ``UPDATE`` that ``model.objects.filter(**filters).update(**values)`` would send
+    (values prepared by their fields, expressions compiled), to send in a :class:`Batch`."""
+    query = UpdateQuery(model)
+    query.add_update_values(values)
+    query.add_q(Q(**filters))
+    sql, params = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
+    return sql, list(params)
+
+
+def insert_sql(objs: Sequence[Model]) -> tuple[str, list[Any]]:
+    """The ``INSERT`` of ``bulk_create(objs)`` (every concrete field but the automatic primary
+    key, ``auto_now`` fields filled), without returning anything, to send in a :class:`Batch`."""
+    model = type(objs[0])
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key or not f.auto_created]
+    query = InsertQuery(model)
+    query.insert_values(fields, list(objs))
+    [(sql, params)] = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
+    return sql, list(params)
+
+
+def batches_are_sent_together() -> bool:
+    """Do :func:`batch`'s statements travel together (PostgreSQL, outside an atomic block)?"""
+    return is_postgres() and not connection.in_atomic_block
+
+
+# --- batches: one transaction, as few network round trips as possible ---------------------------
+
+
+@dataclass
+class Result:
+    """What one statement of a :class:`Batch` returned; filled once the batch has synced."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    rowcount: int = -1
+
+
+class _Counters(threading.local):
+    round_trips = 0
+
+
+_counters = _Counters()
+
+
+def round_trips() -> int:
+    """Network round trips this thread's batches made so far (for tests and benchmarks)."""
+    return _counters.round_trips
+
+
+def _log(sql: str, started: float) -> None:
+    """Record a statement the way Django's debug cursor does, so ``CaptureQueriesContext``
+    (and the statement-count tests) see what a pipelined batch sent."""
+    if connection.queries_logged:
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+
+class Batch:
+    """Statements of one transaction, executed as they are added (the SQLite way, also used
+    inside an outer atomic block). :func:`batch` returns the pipelined kind on PostgreSQL."""
+
+    def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        result = Result()
+        with connection.cursor() as cursor:  # Django's cursor logs the statement itself
+            cursor.execute(sql, params)
+            if cursor.description is not None:
+                result.rows = list(cursor.fetchall())
+            # After the fetch: SQLite counts the rows of a RETURNING statement as they are read.
+            result.rowcount = cursor.rowcount
+        return result
+
+    def sync(self) -> None:
+        """Make every result added so far available (already the case here)."""
+
+
+class _SentTogether(Batch):
+    """PostgreSQL: the statements are queued and sent as one multi-statement query, between
+    ``BEGIN`` and ``COMMIT``, with client-side parameter binding (psycopg quotes every value as
+    a literal, as Django's own cursors do). :meth:`sync` sends what is queued so far: one round
+    trip, for a caller that must read a result before deciding what to write next."""
+
+    def __init__(self, raw: Any) -> None:
+        self.cursor = psycopg.ClientCursor(raw)
+        self.queued: list[tuple[str, Sequence[Any], Result | None]] = [("BEGIN", (), None)]
+        self.started = time.monotonic()
+
+    def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        result = Result()
+        self.queued.append((sql, params, result))
+        _log(sql, self.started)
+        return result
+
+    def sync(self) -> None:
+        if not self.queued:
+            return
+        sql = "; ".join(statement for statement, _, _ in self.queued)
+        self.cursor.execute(sql, [value for _, params, _ in self.queued for value in params])
+        _counters.round_trips += 1
+        for position, (_, _, result) in enumerate(self.queued):
+            if position:
+                self.cursor.nextset()
+            if result is not None:
+                if self.cursor.description is not None:
+                    result.rows = list(self.cursor.fetchall())
+                result.rowcount = self.cursor.rowcount
+        self.queued.clear()
+
+    def commit(self) -> None:
+        self.queued.append(("COMMIT", (), None))
+        self.sync()
+
+
+@contextlib.contextmanager
+def batch() -> Iterator[Batch]:
+    """One transaction whose statements travel in as few round trips as possible.
+
+    On PostgreSQL, outside any atomic block, ``BEGIN``, the statements and ``COMMIT`` are sent
+    as one multi-statement query: a write with nothing to decide in the middle is one network
+    round trip (plus one per :meth:`Batch.sync`). Results are readable after a sync or once the
+    block has exited (committed). An exception in the block, or an error of any statement,
+    rolls the whole transaction back. Elsewhere (SQLite, or inside an atomic block, as in
+    tests) the same statements run one by one in ``transaction.atomic()``.
+
+    Every statement runs on the connection Django manages; errors are Django's.
+    """
+    if not batches_are_sent_together():
+        with transaction.atomic():
+            yield Batch()
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.wrap_database_errors:
+        try:
+            sent = _SentTogether(raw)
+            yield sent
+            sent.commit()
+        except BaseException:
+            raw.rollback()  # autocommit connection: ROLLBACK only if a transaction is open
+            raise

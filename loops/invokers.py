@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar, Protocol
 
 
@@ -118,6 +119,16 @@ class ToolCallRefused(Exception):
 
 
 @dataclass(frozen=True)
+class RecordedCall:
+    """What :meth:`StepJournal.record_call` made of a read-effect call that already ran."""
+
+    seq: int
+    #: False: the journal only began the call's step (the run adds a notice to its result, as
+    #: for a begun call): the caller completes it, with :meth:`StepJournal.tool_notice`.
+    completed: bool = True
+
+
+@dataclass(frozen=True)
 class InvocationOutcome:
     kind: OutcomeKind
     #: For COMPLETED: the invocation's output (a plan, a maker summary, a verdict).
@@ -167,6 +178,31 @@ class StepJournal(Protocol):
         duration_ms: int | None = None,
     ) -> int:
         """Persist a step that has already finished (a model call, a read) in one write."""
+        ...
+
+    def runs_first(self, name: str, request: dict[str, Any]) -> bool:
+        """May this read-effect call run before anything of it is persisted, and be written
+        once, finished (:meth:`record_call`)? False when the run's limits must judge it before
+        it runs (it then goes through :meth:`begin` and :meth:`complete`)."""
+        ...
+
+    async def record_call(
+        self,
+        *,
+        name: str,
+        request: dict[str, Any],
+        idempotency_key: str,
+        response: Any,
+        error: str = "",
+        started_at: datetime | None = None,
+    ) -> RecordedCall:
+        """Persist a read-effect tool call that has already run (from ``started_at``), with its
+        result, in one write.
+
+        A call that changes nothing needs no durable start: after a crash it simply runs again.
+        The run's limits apply as for :meth:`begin` (raising ``ToolCallRefused`` or
+        ``RunHalted``; the result of a refused call is then discarded).
+        """
         ...
 
     async def gate(

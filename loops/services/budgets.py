@@ -257,6 +257,38 @@ LIMIT_COLUMNS = (
 )
 
 
+def fence_limits_sql(
+    lease: Lease,
+    *,
+    step_increment: int = 0,
+    event_increment: int = 0,
+    release_admission: bool = False,
+    steps_before: int | None = None,
+) -> tuple[str, list[Any]]:
+    """The statement of :func:`fenced_limits`, for a caller that sends it in a batch (its one
+    row, or none when the lease is lost, goes to :func:`limits_from_fence`). ``steps_before``
+    also requires the run's step count to be that (a journal that numbered its steps itself)."""
+    release = ", model_call_token = NULL" if release_admission else ""
+    expected = "" if steps_before is None else " AND step_count = %s"
+    sql = (
+        "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
+        f"event_seq = event_seq + %s, updated_at = {db.now_sql()}{release} "
+        f"WHERE id = %s AND lease_owner = %s AND lease_token = %s{expected} "
+        f"RETURNING step_count, event_seq, {LIMIT_COLUMNS}"
+    )
+    params = [step_increment, event_increment, db.uuid_param(lease.run_id), lease.owner]
+    return sql, [*params, lease.token, *([] if steps_before is None else [steps_before])]
+
+
+def limits_from_fence(lease: Lease, rows: list[tuple[Any, ...]]) -> tuple[int, int, RunLimits]:
+    """(step count, event seq, limits) from the fence's ``RETURNING``; no row: LeaseLost."""
+    if not rows:
+        raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
+    steps, events, pattern_id, snapshot, pattern_policy = rows[0]
+    limits = limits_from_row(lease.run_id, pattern_id, snapshot, pattern_policy)
+    return int(steps), int(events), limits
+
+
 def fenced_limits(
     lease: Lease,
     *,
@@ -272,20 +304,13 @@ def fenced_limits(
     The limits come from the updated row (its ``policy_snapshot``, so a raise is seen) and the
     pattern's current policy: exactly what :func:`run_limits` reads, one round trip fewer. The
     UPDATE takes the run's row lock first, as ``fenced_touch`` does."""
-    release = ", model_call_token = NULL" if release_admission else ""
-    sql = (
-        "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"event_seq = event_seq + %s, updated_at = {db.now_sql()}{release} "
-        "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
-        f"RETURNING step_count, event_seq, {LIMIT_COLUMNS}"
+    sql, params = fence_limits_sql(
+        lease,
+        step_increment=step_increment,
+        event_increment=event_increment,
+        release_admission=release_admission,
     )
-    params = [step_increment, event_increment, db.uuid_param(lease.run_id), lease.owner]
-    rows = db.fetch_all(sql, [*params, lease.token])
-    if not rows:
-        raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
-    steps, events, pattern_id, snapshot, pattern_policy = rows[0]
-    limits = limits_from_row(lease.run_id, pattern_id, snapshot, pattern_policy)
-    return int(steps), int(events), limits
+    return limits_from_fence(lease, db.fetch_all(sql, params))
 
 
 def run_limits(run_id: uuid.UUID, now: datetime | None = None) -> RunLimits:
@@ -445,7 +470,7 @@ def budget_charge(
         ]
     )
     for metric, n in sorted(charged.items()):
-        if n and metric in limits.daily:
+        if n:  # always kept, so a daily limit added later weighs the day's true largest call
             _raise_to(limits.day, high_water_metric(metric), n)
     if release_admission:
         LoopRun.objects.filter(pk=limits.run_id, model_call_token__isnull=False).update(
@@ -474,6 +499,10 @@ class InvocationStart:
 
     started: bool
     metered: bool
+    #: The run's step count now: the lease holder's journal numbers its next steps from it.
+    steps: int = 0
+    #: The run's limits now (its journal decides from them which reads may run first).
+    limits: RunLimits | None = None
 
 
 @transaction.atomic
@@ -484,9 +513,9 @@ def budget_invocation_begin(lease: Lease, *, role: str, invocation: str) -> Invo
     started = LoopEvent.objects.filter(
         run_id=lease.run_id, type=INVOCATION_STARTED, data__invocation=invocation
     ).exists()
-    _, seq, limits = fenced_limits(lease, event_increment=0 if started else 1)
+    steps, seq, limits = fenced_limits(lease, event_increment=0 if started else 1)
     if started:
-        return InvocationStart(started=False, metered=metered(limits))
+        return InvocationStart(started=False, metered=metered(limits), steps=steps, limits=limits)
     LoopEvent.objects.create(
         run_id=lease.run_id,
         seq=seq,
@@ -498,7 +527,7 @@ def budget_invocation_begin(lease: Lease, *, role: str, invocation: str) -> Invo
     amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
     budget_take(limits, amounts)
     require_room(limits)
-    return InvocationStart(started=True, metered=metered(limits))
+    return InvocationStart(started=True, metered=metered(limits), steps=steps, limits=limits)
 
 
 def tool_call_amounts(name: str) -> dict[str, int]:

@@ -34,10 +34,18 @@ class Claimed:
 
 
 def _candidates(limit: int, run_id: uuid.UUID | None) -> list[tuple[Any, str, int, int | None]]:
+    rows = db.fetch_all(*_candidates_sql(limit, run_id))
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def _candidates_sql(limit: int, run_id: uuid.UUID | None) -> tuple[str, list[Any]]:
+    """Claimable runs, locked (skipping those another claimer holds): id, status, pattern,
+    its concurrency limit, and the lease token, event seq and attempts the claim raises."""
     in_flight = db.placeholders(_IN_FLIGHT)
     where_id = "AND r.id = %s " if run_id is not None else ""
     sql = (
-        "SELECT r.id, r.status, r.pattern_id, p.max_concurrency "
+        "SELECT r.id, r.status, r.pattern_id, p.max_concurrency, r.lease_token, r.event_seq, "
+        "r.attempts "
         "FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id "
         f"WHERE r.status IN ({db.placeholders(_CLAIMABLE)}) "
         f"AND (r.not_before IS NULL OR r.not_before <= {db.now_sql()}) "
@@ -53,7 +61,7 @@ def _candidates(limit: int, run_id: uuid.UUID | None) -> list[tuple[Any, str, in
     if run_id is not None:
         params.insert(len(_CLAIMABLE), db.uuid_param(run_id))
     params.append(limit)
-    return [(row[0], row[1], row[2], row[3]) for row in db.fetch_all(sql, params)]
+    return sql, params
 
 
 def _within_concurrency(rows: list[tuple[Any, str, int, int | None]]) -> list[tuple[Any, str]]:
@@ -76,28 +84,88 @@ def _within_concurrency(rows: list[tuple[Any, str, int, int | None]]) -> list[tu
 
 
 def _take(owner: str, lease_seconds: float, ids: list[Any]) -> list[tuple[Any, int, int, int]]:
+    sql, params = _take_sql(owner, lease_seconds, ids)
+    rows = db.fetch_all(f"{sql} RETURNING id, lease_token, event_seq, attempts", params)
+    return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+
+def _take_sql(owner: str, lease_seconds: float, ids: list[Any]) -> tuple[str, list[Any]]:
+    """The lease on locked candidates: owner, a new token (+1), expiry on the database
+    clock, one more attempt and one more event."""
     now = db.now_sql()
     sql = (
         "UPDATE loops_looprun SET status = %s, lease_owner = %s, lease_token = lease_token + 1, "
         f"lease_expires_at = {db.now_plus_sql()}, heartbeat_at = {now}, "
         f"attempts = attempts + 1, started_at = COALESCE(started_at, {now}), "
         f"event_seq = event_seq + 1, updated_at = {now}, lock_wait_since = NULL "
-        f"WHERE id IN ({db.placeholders(ids)}) "
-        "RETURNING id, lease_token, event_seq, attempts"
+        f"WHERE id IN ({db.placeholders(ids)})"
     )
-    params = [RunStatus.PREPARING.value, owner, db.seconds_param(lease_seconds), *ids]
-    return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in db.fetch_all(sql, params)]
+    return sql, [RunStatus.PREPARING.value, owner, db.seconds_param(lease_seconds), *ids]
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
-@transaction.atomic
 def run_claim(
     *, owner: str, lease_seconds: float, limit: int = 1, run_id: uuid.UUID | None = None
 ) -> list[Claimed]:
-    """Claim up to ``limit`` runnable runs (or exactly ``run_id`` if it is runnable)."""
+    """Claim up to ``limit`` runnable runs (or exactly ``run_id`` if it is runnable).
+
+    On PostgreSQL a claim of runs whose patterns set no concurrency limit is one transaction
+    of two round trips (the candidates, locked; then the lease, the events and the commit);
+    a limited pattern's runs are counted under the pattern's row lock (:func:`_claim_exact`).
+    """
+    if db.batches_are_sent_together():
+        try:
+            return _claim_batched(owner, lease_seconds, limit, run_id)
+        except _Limited:
+            pass
+    return _claim_exact(owner=owner, lease_seconds=lease_seconds, limit=limit, run_id=run_id)
+
+
+class _Limited(Exception):
+    """A candidate's pattern limits its concurrency: counted under its lock instead."""
+
+
+def _claim_batched(
+    owner: str, lease_seconds: float, limit: int, run_id: uuid.UUID | None
+) -> list[Claimed]:
+    with db.batch() as batch:
+        found = batch.add(*_candidates_sql(limit, run_id))
+        batch.sync()
+        if any(row[3] is not None for row in found.rows):  # a pattern's max_concurrency
+            raise _Limited
+        if not found.rows:
+            return []
+        ids = [row[0] for row in found.rows]
+        batch.add(*_take_sql(owner, lease_seconds, ids))
+        claims, events = [], []
+        for rid, status, _pattern, _limit, token, seq, attempts in found.rows:
+            lease = Lease(_as_uuid(rid), owner, int(token) + 1)
+            claims.append(Claimed(lease, status, int(attempts) + 1))
+            events.append(_claimed_event(lease, status, int(seq) + 1, int(attempts) + 1))
+        batch.add(*db.insert_sql(events))
+    return claims
+
+
+def _claimed_event(lease: Lease, previous: str, seq: int, attempt: int) -> LoopEvent:
+    return LoopEvent(
+        run_id=lease.run_id,
+        seq=seq,
+        type="lease.claimed",
+        from_status=previous,
+        to_status=RunStatus.PREPARING.value,
+        actor=lease.owner,
+        data={"token": lease.token, "attempt": attempt},
+    )
+
+
+@transaction.atomic
+def _claim_exact(
+    *, owner: str, lease_seconds: float, limit: int, run_id: uuid.UUID | None
+) -> list[Claimed]:
+    """:func:`run_claim`, concurrency limits counted under the patterns' row locks."""
     accepted = _within_concurrency(_candidates(limit, run_id))
     if not accepted:
         return []
@@ -105,20 +173,10 @@ def run_claim(
     taken = _take(owner, lease_seconds, [rid for rid, _ in accepted])
     events, claims = [], []
     for rid, token, seq, attempts in taken:
-        run_uuid = _as_uuid(rid)
-        previous = from_status[str(run_uuid)]
-        events.append(
-            LoopEvent(
-                run_id=run_uuid,
-                seq=seq,
-                type="lease.claimed",
-                from_status=previous,
-                to_status=RunStatus.PREPARING.value,
-                actor=owner,
-                data={"token": token, "attempt": attempts},
-            )
-        )
-        claims.append(Claimed(Lease(run_uuid, owner, token), previous, attempts))
+        lease = Lease(_as_uuid(rid), owner, token)
+        previous = from_status[str(lease.run_id)]
+        events.append(_claimed_event(lease, previous, seq, attempts))
+        claims.append(Claimed(lease, previous, attempts))
     LoopEvent.objects.bulk_create(events)
     return claims
 

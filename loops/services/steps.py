@@ -10,127 +10,39 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
-from django.db import connection, transaction
+from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from loops import db
-from loops.invokers import StepRecord
-from loops.models import LoopEvent, LoopStep, StepKind, StepStatus
+from loops.invokers import LeaseLost, StepRecord
+from loops.models import LoopEvent, LoopRun, LoopStep, StepKind, StepStatus
 from loops.policy import ToolLoopPolicy
-from loops.services import budgets, toolloop
-from loops.services.transitions import Lease, fenced_touch
+from loops.services import budgets, step_sql, toolloop
+from loops.services.transitions import Lease, fence_touch_sql, fenced_touch
 
 
 def _cost(value: float) -> Decimal:
     return Decimal(str(round(value, 6)))
 
 
-# --- step rows without the ORM's per-statement overhead ------------------------------------------
-#
-# The journal writes two step rows and completes one per tool-loop step; building those through
-# the ORM (model instance, compiler) costs more CPU than the database takes to run them. These
-# write the same rows: each value is prepared by its model field (``get_db_prep_save``: JSON,
-# dates, decimals, UUIDs as the vendor stores them), only the statement is built once.
-
-_STEP_COLUMNS = (
-    "run",
-    "seq",
-    "role",
-    "invocation",
-    "kind",
-    "status",
-    "name",
-    "idempotency_key",
-    "request",
-    "response",
-    "error",
-    "tokens_in",
-    "tokens_out",
-    "cost",
-    "lease_token",
-    "call_hash",
-    "started_at",
-    "finished_at",
-    "duration_ms",
-)
-_RESULT_COLUMNS = (
-    "status",
-    "response",
-    "error",
-    "tokens_in",
-    "tokens_out",
-    "cost",
-    "finished_at",
-    "duration_ms",
-    "lease_token",
-)
-
-
-def _field(name: str) -> Any:
-    return LoopStep._meta.get_field(name)
-
-
-def _column(name: str) -> str:
-    return str(connection.ops.quote_name(_field(name).column))
-
-
-def _prepared(values: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
-    return [_field(name).get_db_prep_save(values[name], connection) for name in names]
-
-
-def _insert_step(**values: Any) -> datetime:
-    """INSERT one step row (every column given or defaulted as the model does); returns its
-    ``started_at``."""
-    row: dict[str, Any] = {
-        "name": "",
-        "idempotency_key": "",
-        "request": {},
-        "response": None,
-        "error": "",
-        "tokens_in": 0,
-        "tokens_out": 0,
-        "cost": Decimal(0),
-        "lease_token": 0,
-        "call_hash": None,
-        "started_at": timezone.now(),
-        "finished_at": None,
-        "duration_ms": None,
-        **values,
-    }
-    columns = ", ".join(_column(name) for name in _STEP_COLUMNS)
-    sql = (
-        f"INSERT INTO {LoopStep._meta.db_table} ({columns}) "  # noqa: S608 (model metadata)
-        f"VALUES ({db.placeholders(_STEP_COLUMNS)})"
-    )
-    db.execute(sql, _prepared(row, _STEP_COLUMNS))
+def _insert_step(lease: Lease, **values: Any) -> datetime:
+    """INSERT one step row of the fenced run, its seq the run's current ``step_count`` (the
+    caller's fence just raised it); returns its ``started_at``."""
+    row = step_sql.step_row(**values)
+    db.execute(*step_sql.insert_step(lease, row))
     started: datetime = row["started_at"]
     return started
 
 
-def _complete_unless_approved(lease: Lease, seq: int, result: dict[str, Any]) -> bool:
-    """Set a step's result in one UPDATE unless it is an approved call (whose execution must
-    be recorded too); True when it was set."""
-    assignments = ", ".join(f"{_column(name)} = %s" for name in _RESULT_COLUMNS)
-    sql = (
-        f"UPDATE {LoopStep._meta.db_table} SET {assignments} "  # noqa: S608 (model metadata)
-        "WHERE run_id = %s AND seq = %s AND status <> %s"
-    )
-    params = [*_prepared(result, _RESULT_COLUMNS), db.uuid_param(lease.run_id), seq]
-    return db.execute(sql, [*params, StepStatus.APPROVED.value]) == 1
-
-
-def _occurrence(run_id: uuid.UUID, digest: str) -> int:
+def _occurrence(lease: Lease, digest: str) -> int:
     """:func:`toolloop.occurrence` in one plain statement (earlier tool steps of the run with
     the same call hash, + 1)."""
-    rows = db.fetch_all(
-        f"SELECT COUNT(*) FROM {LoopStep._meta.db_table} "  # noqa: S608 (model metadata)
-        "WHERE run_id = %s AND call_hash = %s AND kind = %s",
-        [db.uuid_param(run_id), digest, StepKind.TOOL.value],
-    )
+    rows = db.fetch_all(*step_sql.occurrences(lease, digest))
     return int(rows[0][0]) + 1
 
 
@@ -195,9 +107,67 @@ class ToolStart:
     notice: str = ""
     #: When the step began (its ``started_at``), for :func:`step_complete`'s one-statement path.
     started_at: datetime | None = None
+    #: The run's rule for reads as of this write (None from the exact path).
+    rule: ReadRule | None = None
 
 
-@transaction.atomic
+class _NotHeld(Exception):
+    """A batch's fence matched no row (nothing was written); rolled back, then explained."""
+
+
+class _NotPlain(Exception):
+    """A batched write met a case it does not handle (a limit to judge, a tool-loop verdict,
+    an approved call): its transaction is rolled back and the exact path runs instead."""
+
+
+def _plain(limits: budgets.RunLimits, amounts: dict[str, int], verdict: toolloop.Verdict) -> bool:
+    """Nothing to judge: no counted limit on these amounts, no metered limit (whose room a
+    tool call must check), an ordinary call for the tool-loop policy."""
+    bounded = {*limits.per_run, *limits.daily}
+    return (
+        verdict is toolloop.Verdict.OK
+        and not bounded.intersection(amounts)
+        and not budgets.metered(limits)
+    )
+
+
+@dataclass(frozen=True)
+class ReadRule:
+    """What the lease holder's journal needs to let a read-effect call run before anything
+    of it is persisted (:func:`tool_step_record` after it), as of its latest write: the call's
+    occurrence the tool-loop policy warns from, and whether a limit must judge every tool call
+    before it runs (a tool-call budget, a metered one)."""
+
+    warn_at: int
+    judged: bool
+
+    def runs_first(self, name: str, occurrence: int) -> bool:
+        return (
+            not self.judged and name not in budgets.DELEGATION_TOOLS and occurrence < self.warn_at
+        )
+
+
+#: The counted metrics a tool call takes (:func:`budgets.tool_call_amounts`).
+_TOOL_METRICS = frozenset({"toolCalls", "delegations"})
+
+
+def read_rule(limits: budgets.RunLimits) -> ReadRule:
+    counted = _TOOL_METRICS.intersection({*limits.per_run, *limits.daily})
+    return ReadRule(
+        warn_at=limits.tool_loop.warnAt, judged=bool(counted) or budgets.metered(limits)
+    )
+
+
+def call_counts(run_id: uuid.UUID) -> dict[str, int]:
+    """How often each tool call (name and arguments, hashed) was made in the run so far."""
+    rows = (
+        LoopStep.objects.filter(run_id=run_id, kind=StepKind.TOOL, call_hash__isnull=False)
+        .values_list("call_hash")
+        .annotate(n=Count("id"))
+    )
+    return {str(digest): int(n) for digest, n in rows}
+
+
 def tool_step_begin(
     lease: Lease,
     *,
@@ -207,31 +177,155 @@ def tool_step_begin(
     request: dict[str, Any],
     idempotency_key: str = "",
     status: StepStatus = StepStatus.STARTED,
+    model_step: ModelStep | None = None,
 ) -> ToolStart:
     """Persist a tool call about to run (or gated), under the run's limits.
 
     In order: the tool-loop policy (escalate raises ToolLoopEscalated; block persists the call
     as failed with the refusal as its result and returns it in ``refused``), then the budgets
     (a tool call, a delegation; metered budgets must not be used up), raising BudgetExhausted.
-    A raise persists and counts nothing.
+    A raise persists and counts nothing of the call.
+
+    ``model_step`` is the finished model step that made the call, numbered by the journal and
+    written in the same transaction, before the call's step (it is persisted even when the call
+    is refused or raises).
+
+    The usual call (nothing to judge) is one transaction in two round trips on PostgreSQL: the
+    fence with the run's limits and the duplicate-call count, then the steps, their counts and
+    the commit. Anything else is rolled back and written by :func:`_tool_step_begin_exact`.
     """
-    seq, limits = _touch(lease, step_increment=1)
     digest = toolloop.call_hash(name, toolloop.arguments_of(request))
-    count = _occurrence(lease.run_id, digest)
+    amounts = budgets.tool_call_amounts(name)
+    row = step_sql.step_row(
+        role=role,
+        invocation=invocation,
+        kind=StepKind.TOOL.value,
+        status=status.value if isinstance(status, StepStatus) else status,
+        name=name,
+        idempotency_key=idempotency_key,
+        request=request,
+        lease_token=lease.token,
+        call_hash=digest,
+    )
+    try:
+        seq, rule = _steps_batch(lease, row, digest, amounts, model_step)
+    except _NotPlain:
+        if model_step is not None:
+            model_step_write(lease, model_step)
+        return _tool_step_begin_exact(lease, row=row, digest=digest)
+    return ToolStart(seq, started_at=row["started_at"], rule=rule)
+
+
+def _steps_batch(
+    lease: Lease,
+    row: dict[str, Any],
+    digest: str,
+    amounts: dict[str, int],
+    model_step: ModelStep | None,
+) -> tuple[int, ReadRule]:
+    """Write a tool call's step (and the model step that made it) when there is nothing to
+    judge: one transaction, two round trips on PostgreSQL (the fence with the run's limits and
+    the duplicate-call count; then the steps, their counts and the commit). Returns the call's
+    seq and the run's rule for reads; raises :class:`_NotPlain` (rolled back, nothing written)
+    otherwise."""
+    try:
+        with db.batch() as batch:
+            fence = batch.add(
+                *budgets.fence_limits_sql(
+                    lease,
+                    step_increment=2 if model_step else 1,
+                    release_admission=model_step is not None,
+                    steps_before=model_step.steps_before if model_step else None,
+                )
+            )
+            count = batch.add(*step_sql.occurrences(lease, digest))
+            batch.sync()
+            if not fence.rows:
+                raise _NotHeld
+            seq, _, limits = budgets.limits_from_fence(lease, fence.rows)
+            verdict = toolloop.judge(int(count.rows[0][0]) + 1, limits.tool_loop)
+            if not _plain(limits, amounts, verdict):
+                raise _NotPlain
+            usage = {metric: budgets.amount(n) for metric, n in amounts.items()}
+            if model_step is not None:
+                batch.add(*step_sql.insert_step(lease, model_step.row, seq_back=1))
+                usage.update(model_step.charged)
+            batch.add(*step_sql.insert_step(lease, row))
+            high_water = model_step_charged(model_step)
+            batch.add(*step_sql.usage_add(lease, usage, _day(), high_water=high_water))
+    except _NotHeld:
+        _fence_failed(lease, model_step)
+    return seq, read_rule(limits)
+
+
+def tool_step_record(
+    lease: Lease,
+    *,
+    role: str,
+    invocation: str,
+    name: str,
+    request: dict[str, Any],
+    idempotency_key: str,
+    response: Any,
+    error: str,
+    started_at: datetime,
+    model_step: ModelStep | None = None,
+) -> ToolStart:
+    """Persist a read-effect call that has already run, with its result, in one write.
+
+    A call that changes nothing needs no durable start (after a crash it simply runs again),
+    so its step is written once, completed, with the model step that made it
+    (``model_step``): one transaction for the whole tool-loop step. The run's limits are
+    applied exactly as :func:`tool_step_begin` applies them, the result of a refused call
+    being discarded: blocked, the step records the refusal (``refused``); escalated or out of
+    budget, it raises and persists nothing of the call.
+
+    A call with something to judge (a warning, a limit) takes :func:`tool_step_begin`'s exact
+    path: it comes back begun but not completed (``started_at`` set), and the caller completes
+    it with the run's notice in its result.
+    """
+    now = timezone.now()
+    digest = toolloop.call_hash(name, toolloop.arguments_of(request))
+    amounts = budgets.tool_call_amounts(name)
+    row = step_sql.step_row(
+        role=role,
+        invocation=invocation,
+        kind=StepKind.TOOL.value,
+        status=(StepStatus.FAILED if error else StepStatus.COMPLETED).value,
+        name=name,
+        idempotency_key=idempotency_key,
+        request=request,
+        response=response,
+        error=error,
+        lease_token=lease.token,
+        call_hash=digest,
+        started_at=started_at,
+        finished_at=now,
+        duration_ms=max(0, int((now - started_at).total_seconds() * 1000)),
+    )
+    try:
+        seq, rule = _steps_batch(lease, row, digest, amounts, model_step)
+    except _NotPlain:
+        if model_step is not None:
+            model_step_write(lease, model_step)
+        started = {**row, "status": StepStatus.STARTED.value, "response": None, "error": ""}
+        return _tool_step_begin_exact(
+            lease, row={**started, "finished_at": None, "duration_ms": None}, digest=digest
+        )
+    return ToolStart(seq, rule=rule)
+
+
+def _day() -> str:
+    return timezone.now().astimezone(UTC).date().isoformat()
+
+
+@transaction.atomic
+def _tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) -> ToolStart:
+    """:func:`tool_step_begin` with every limit judged, one statement after the other."""
+    seq, limits = _touch(lease, step_increment=1)
+    name = row["name"]
+    count = _occurrence(lease, digest)
     verdict = toolloop.judge(count, limits.tool_loop)
-    step: dict[str, Any] = {
-        "run": lease.run_id,
-        "seq": seq,
-        "role": role,
-        "invocation": invocation,
-        "kind": StepKind.TOOL.value,
-        "status": status.value if isinstance(status, StepStatus) else status,
-        "name": name,
-        "idempotency_key": idempotency_key,
-        "request": request,
-        "lease_token": lease.token,
-        "call_hash": digest,
-    }
     policy = limits.tool_loop
     if verdict is toolloop.Verdict.ESCALATE:
         raise toolloop.escalation(name, count, policy)
@@ -239,18 +333,18 @@ def tool_step_begin(
         # Never run, so not a tool call for the budgets; the model gets the refusal.
         content = toolloop.block_message(name, count, policy)
         blocked = {
-            **step,
+            **row,
             "status": StepStatus.FAILED.value,
             "error": content,
             "response": {"content": content, "disposition": "blocked"},
             "finished_at": timezone.now(),
         }
-        _insert_step(**blocked)
+        _insert_step(lease, **blocked)
         step_event(
             lease, type="toolloop.blocked", data=toolloop.event_data(name, count, policy, seq)
         )
         return ToolStart(seq, refused=content)
-    started_at = _insert_step(**step)
+    started_at = _insert_step(lease, **row)
     # The counts last: the pattern's day is a row every run of the pattern writes, so its lock
     # is taken as late as possible (a refusal rolls the step back with the rest).
     budgets.budget_take(limits, budgets.tool_call_amounts(name))
@@ -264,7 +358,6 @@ def tool_step_begin(
     return ToolStart(seq, started_at=started_at)
 
 
-@transaction.atomic
 def step_complete(
     lease: Lease,
     seq: int,
@@ -280,13 +373,31 @@ def step_complete(
 
     Tokens and cost a step reports are charged to the budgets once, when it first finishes.
     A caller that began the step itself passes its ``started_at``: a step with nothing to
-    charge that was not approved (no approval to record) is then completed in one UPDATE."""
-    fenced_touch(lease)
-    now = timezone.now()
+    charge that was not approved (no approval to record) is then completed in one
+    transaction of one round trip (the fence, the result)."""
     if started_at is not None and not (tokens_in or tokens_out or cost):
-        result = _result(lease, now, started_at, response, error, tokens_in, tokens_out, 0.0)
-        if _complete_unless_approved(lease, seq, result):
+        result = step_sql.step_result(
+            lease, now=timezone.now(), started_at=started_at, response=response, error=error
+        )
+        with db.batch() as batch:
+            fence = batch.add(*fence_touch_sql(lease))
+            done = batch.add(*step_sql.complete_unless_approved(lease, seq, result))
+        if not fence.rows:
+            raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
+        if done.rowcount == 1:
             return
+    _step_complete_exact(
+        lease, seq, response=response, error=error, tokens=(tokens_in, tokens_out), cost=cost
+    )
+
+
+@transaction.atomic
+def _step_complete_exact(
+    lease: Lease, seq: int, *, response: Any, error: str, tokens: tuple[int, int], cost: float
+) -> None:
+    """:func:`step_complete` for a step with something to charge or an approval to record."""
+    fenced_touch(lease)
+    tokens_in, tokens_out = tokens
     step_id, status, finished_at, began = (
         LoopStep.objects.select_for_update()
         .filter(run_id=lease.run_id, seq=seq)
@@ -304,36 +415,19 @@ def step_complete(
         approval_record_execution(
             run_id=lease.run_id, step_seq=seq, arguments=(request or {}).get("arguments")
         )
-    LoopStep.objects.filter(pk=step_id).update(
-        **_result(lease, now, began, response, error, tokens_in, tokens_out, cost)
+    result = step_sql.step_result(
+        lease,
+        now=timezone.now(),
+        started_at=began,
+        response=response,
+        error=error,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        cost=_cost(cost),
     )
+    LoopStep.objects.filter(pk=step_id).update(**result)
 
 
-def _result(
-    lease: Lease,
-    now: datetime,
-    started_at: datetime,
-    response: Any,
-    error: str,
-    tokens_in: int,
-    tokens_out: int,
-    cost: float,
-) -> dict[str, Any]:
-    """The columns a step's completion sets."""
-    return {
-        "status": (StepStatus.FAILED if error else StepStatus.COMPLETED).value,
-        "response": response,
-        "error": error,
-        "tokens_in": tokens_in,
-        "tokens_out": tokens_out,
-        "cost": _cost(cost),
-        "finished_at": now,
-        "duration_ms": max(0, int((now - started_at).total_seconds() * 1000)),
-        "lease_token": lease.token,
-    }
-
-
-@transaction.atomic
 def step_record(
     lease: Lease,
     *,
@@ -352,17 +446,66 @@ def step_record(
     """Persist an already finished step in one write (model calls, reads).
 
     A model step charges its tokens and cost to the budgets (and ends the run's admission on
-    a shared daily budget). A tool step (a call answered without running) counts for the
-    tool-loop policy and may raise ToolLoopEscalated, persisting nothing."""
-    is_model = kind == StepKind.MODEL
-    seq, limits = _touch(lease, step_increment=1, release_admission=is_model)
-    digest = _hash_of(kind, name, request)
-    if not is_model and digest is not None:
-        _judge_answered(lease, name, digest, seq, limits.tool_loop)
+    a shared daily budget): :func:`model_step_write`. A tool step (a call answered without
+    running) counts for the tool-loop policy and may raise ToolLoopEscalated, persisting
+    nothing."""
+    step = finished_step(
+        lease,
+        role=role,
+        invocation=invocation,
+        kind=kind,
+        name=name,
+        request=request,
+        response=response,
+        error=error,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        cost=cost,
+        duration_ms=duration_ms,
+    )
+    if kind != StepKind.MODEL:
+        return _step_record_exact(lease, step.row)
+    seq, _ = model_step_write(lease, step)
+    return seq
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """A finished step ready to be written: its row, and the tokens and cost it charges.
+
+    ``seq`` is set when the lease holder's journal numbered it itself (it writes the step
+    later, with its next write): the write then also requires the run to have exactly the
+    steps before it."""
+
+    row: dict[str, Any]
+    charged: dict[str, Decimal]
+    seq: int | None = None
+
+    @property
+    def steps_before(self) -> int | None:
+        return None if self.seq is None else self.seq - 1
+
+
+def finished_step(
+    lease: Lease,
+    *,
+    role: str,
+    invocation: str,
+    kind: str,
+    name: str,
+    request: dict[str, Any],
+    response: Any,
+    error: str = "",
+    tokens_in: int = 0,
+    tokens_out: int = 0,
+    cost: float = 0.0,
+    duration_ms: int | None = None,
+    seq: int | None = None,
+) -> ModelStep:
+    """A finished step (a model call, usually) as :func:`model_step_write` and
+    :func:`tool_step_begin` write it."""
     now = timezone.now()
-    _insert_step(
-        run=lease.run_id,
-        seq=seq,
+    row = step_sql.step_row(
         role=role,
         invocation=invocation,
         kind=kind,
@@ -378,13 +521,68 @@ def step_record(
         started_at=now,
         finished_at=now,
         duration_ms=duration_ms,
-        call_hash=digest,
+        call_hash=_hash_of(kind, name, request),
     )
-    if is_model:
-        # Last, like every count: the pattern's day is a row all its runs write.
-        budgets.budget_charge(
-            limits, tokens=tokens_in + tokens_out, cost=cost, release_admission=False
+    charged = {
+        metric: n
+        for metric, value in (("cost", cost), ("tokens", tokens_in + tokens_out))
+        if (n := budgets.amount(value))
+    }
+    return ModelStep(row=row, charged=charged, seq=seq)
+
+
+def model_step_charged(step: ModelStep | None) -> tuple[str, ...]:
+    """The metered metrics a model step charges (their day's largest call is kept)."""
+    return () if step is None else tuple(sorted(step.charged))
+
+
+def model_step_write(lease: Lease, step: ModelStep) -> tuple[int, ReadRule]:
+    """Persist a finished model step with its tokens and cost on the run and its pattern's
+    day: one transaction of one round trip on PostgreSQL (every statement carries the fence,
+    so a lost lease writes nothing). Returns its seq and the run's rule for reads."""
+    with db.batch() as batch:
+        fence = batch.add(
+            *budgets.fence_limits_sql(
+                lease, step_increment=1, release_admission=True, steps_before=step.steps_before
+            )
         )
+        batch.add(*step_sql.insert_step(lease, step.row))
+        if step.charged:
+            high_water = model_step_charged(step)
+            batch.add(*step_sql.usage_add(lease, step.charged, _day(), high_water=high_water))
+    if not fence.rows:
+        _fence_failed(lease, step)
+    seq, _, limits = budgets.limits_from_fence(lease, fence.rows)
+    return seq, read_rule(limits)
+
+
+class JournalOutOfStep(RuntimeError):
+    """The run has other steps than the lease holder's journal numbered its own from: a bug
+    (only the lease holder writes steps), refused rather than written under a wrong seq."""
+
+
+def _fence_failed(lease: Lease, step: ModelStep | None) -> NoReturn:
+    """The fence matched no row: the lease is lost, or (a bug) the journal's numbering is."""
+    if step is not None and step.seq is not None:
+        held = LoopRun.objects.filter(
+            pk=lease.run_id, lease_owner=lease.owner, lease_token=lease.token
+        ).values_list("step_count", flat=True)
+        for steps in held:
+            raise JournalOutOfStep(
+                f"run {lease.run_id} has {steps} steps; its journal numbered step {step.seq}"
+            )
+    raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
+
+
+@transaction.atomic
+def _step_record_exact(lease: Lease, row: dict[str, Any]) -> int:
+    """:func:`step_record` of a step the tool-loop policy counts (a tool call answered
+    without running) or a notice."""
+    seq, limits = _touch(lease, step_increment=1)
+    digest = row["call_hash"]
+    if digest is not None:
+        _judge_answered(lease, row["name"], digest, seq, limits.tool_loop)
+    _insert_step(lease, **row)
     return seq
 
 

@@ -81,7 +81,6 @@ def _fields_for_target(
     return fields
 
 
-@transaction.atomic
 def run_transition(
     *,
     run_id: uuid.UUID,
@@ -97,24 +96,138 @@ def run_transition(
 
     ``lease`` fences a worker's transition; ``expected_from`` narrows the allowed sources
     further than the table (human actions use it). ``fields`` are extra columns to set.
+
+    A worker's transition with nothing else to do (no path locks to free, no approvals to
+    withdraw, no breaker to move) is one transaction of two round trips on PostgreSQL (the
+    locked row and what the end of the run touches; then the update, the event and the
+    commit). Everything else goes through :func:`_run_transition_exact`.
     """
-    row = _lock_run(run_id)
-    _check_lease(row, lease)
+    sources = None if expected_from is None else frozenset(s.value for s in expected_from)
+    change = _Change(run_id, to, actor, event_type, lease, sources, dict(data or {}), fields or {})
+    if lease is not None and db.batches_are_sent_together():
+        try:
+            return _run_transition_batched(change)
+        except _NotPlain:
+            pass
+    return _run_transition_exact(change)
+
+
+@dataclass(frozen=True)
+class _Change:
+    run_id: uuid.UUID
+    to: RunStatus
+    actor: str
+    event_type: str
+    lease: Lease | None
+    sources: frozenset[str] | None
+    data: dict[str, Any]
+    fields: dict[str, Any]
+
+
+class _NotPlain(Exception):
+    """The transition has more to do than the batched path does; it is rolled back."""
+
+
+#: The run row, locked, with what a run's end touches: its path locks, its pending approvals,
+#: its pattern's breaker.
+_PREFETCH = (
+    "SELECT r.status, r.lease_owner, r.lease_token, r.event_seq, r.pattern_id, "
+    "(SELECT COUNT(*) FROM loops_pathlock l WHERE l.run_id = r.id), "
+    "(SELECT COUNT(*) FROM loops_actionapproval a WHERE a.run_id = r.id AND a.status = 'pending'), "
+    "c.state, c.consecutive_failures, c.probe_owner "
+    "FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id "
+    "LEFT JOIN loops_circuitstate c ON c.key = 'pattern:' || p.key "
+    "WHERE r.id = %s FOR UPDATE OF r"
+)
+
+
+def _run_transition_batched(change: _Change) -> TransitionResult:
+    with db.batch() as batch:
+        prefetch = batch.add(_PREFETCH, [change.run_id])
+        batch.sync()
+        if not prefetch.rows:
+            raise LoopRun.DoesNotExist(f"run {change.run_id} does not exist")
+        status, owner, token, event_seq, pattern_id, locks, pending, *breaker = prefetch.rows[0]
+        row = {
+            "status": status,
+            "lease_owner": owner,
+            "lease_token": token,
+            "event_seq": event_seq,
+            "pattern_id": pattern_id,
+        }
+        _check(row, change)
+        if change.to in state.TERMINAL and (
+            locks or pending or not _breaker_unmoved(change, *breaker)
+        ):
+            raise _NotPlain
+        values, seq = _values(row, change)
+        batch.add(*db.update_sql(LoopRun, values, pk=change.run_id))
+        batch.add(*db.insert_sql([_event(change, status, seq, change.data)]))
+    if change.to == RunStatus.QUEUED:
+        from loops.services.nudges import nudge_run
+
+        nudge_run(change.run_id)  # committed: the nudge goes out now
+    return TransitionResult(change.run_id, status, change.to.value, seq)
+
+
+def _breaker_unmoved(
+    change: _Change, state_: str | None, failures: int | None, probe: str | None
+) -> bool:
+    """The run's end leaves its pattern's breaker as it is (what ``breaker_record_outcome``
+    writes nothing for): a success while it is closed with no failures, a cancel of a run that
+    is not its probe. A failure always counts."""
+    if change.to == RunStatus.SUCCEEDED:
+        return state_ is None or (state_ == "closed" and not failures)
+    if change.to == RunStatus.CANCELED:
+        return probe != str(change.run_id)
+    return False
+
+
+def _check(row: dict[str, Any], change: _Change) -> None:
+    _check_lease(row, change.lease)
     current = row["status"]
-    if expected_from is not None and current not in {s.value for s in expected_from}:
-        raise TransitionRefused(current, to.value)
-    if not state.can_transition(current, to.value):
-        raise TransitionRefused(current, to.value)
-    values = _fields_for_target(to, lease, row)
-    values.update(fields or {})
-    if to in REASONED and not values.get("terminal_reason"):
+    if change.sources is not None and current not in change.sources:
+        raise TransitionRefused(current, change.to.value)
+    if not state.can_transition(current, change.to.value):
+        raise TransitionRefused(current, change.to.value)
+
+
+def _values(row: dict[str, Any], change: _Change) -> tuple[dict[str, Any], int]:
+    """The run's columns after the transition, and its event's seq."""
+    values = _fields_for_target(change.to, change.lease, row)
+    values.update(change.fields)
+    if change.to in REASONED and not values.get("terminal_reason"):
         # Every run that ends or waits for a human says why; a path that forgot falls back
         # to its event type (docs/runs.md lists the explicit reasons).
-        values["terminal_reason"] = event_type.replace(".", "_")[:60]
+        values["terminal_reason"] = change.event_type.replace(".", "_")[:60]
     seq = row["event_seq"] + 1
     values["event_seq"] = seq
+    return values, seq
+
+
+def _event(change: _Change, current: str, seq: int, data: dict[str, Any]) -> LoopEvent:
+    return LoopEvent(
+        run_id=change.run_id,
+        seq=seq,
+        type=change.event_type,
+        from_status=current,
+        to_status=change.to.value,
+        actor=change.actor,
+        data=data,
+    )
+
+
+@transaction.atomic
+def _run_transition_exact(change: _Change) -> TransitionResult:
+    """:func:`run_transition` one statement after the other, with whatever the run's end
+    touches (path locks, approvals, the pattern's breaker)."""
+    run_id, to, actor = change.run_id, change.to, change.actor
+    row = _lock_run(run_id)
+    _check(row, change)
+    current = row["status"]
+    values, seq = _values(row, change)
     LoopRun.objects.filter(pk=run_id).update(**values)
-    data = dict(data or {})
+    data = dict(change.data)
     if to in state.TERMINAL:
         from loops.services.approvals import approvals_withdraw
         from loops.services.breakers import breaker_record_outcome, breaker_summary
@@ -128,20 +241,31 @@ def run_transition(
         changed = breaker_record_outcome(pattern_id=row["pattern_id"], run_id=run_id, status=to)
         if changed is not None:
             data["breaker"] = breaker_summary(changed)
-    LoopEvent.objects.create(
-        run_id=run_id,
-        seq=seq,
-        type=event_type,
-        from_status=current,
-        to_status=to.value,
-        actor=actor,
-        data=data,
-    )
+    _event(change, current, seq, data).save(force_insert=True)
     if to == RunStatus.QUEUED:
         from loops.services.nudges import nudge_run
 
         nudge_run(run_id)
     return TransitionResult(run_id=run_id, from_status=current, to_status=to.value, seq=seq)
+
+
+def fence_touch_sql(
+    lease: Lease, *, step_increment: int = 0, event_increment: int = 0
+) -> tuple[str, list[Any]]:
+    """The statement of :func:`fenced_touch`, for a caller that sends it in a batch."""
+    sql = (
+        "UPDATE loops_looprun SET step_count = step_count + %s, event_seq = event_seq + %s, "
+        f"updated_at = {db.now_sql()} "
+        "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
+        "RETURNING step_count, event_seq"
+    )
+    return sql, [
+        step_increment,
+        event_increment,
+        db.uuid_param(lease.run_id),
+        lease.owner,
+        lease.token,
+    ]
 
 
 def fenced_touch(
@@ -152,15 +276,8 @@ def fenced_touch(
     Returns the new (step_count, event_seq). The UPDATE takes the row lock on PostgreSQL, so
     a takeover claim waits for this transaction, and a stale holder matches no row.
     """
-    sql = (
-        "UPDATE loops_looprun SET step_count = step_count + %s, event_seq = event_seq + %s, "
-        f"updated_at = {db.now_sql()} "
-        "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
-        "RETURNING step_count, event_seq"
-    )
     rows = db.fetch_all(
-        sql,
-        [step_increment, event_increment, db.uuid_param(lease.run_id), lease.owner, lease.token],
+        *fence_touch_sql(lease, step_increment=step_increment, event_increment=event_increment)
     )
     if not rows:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")

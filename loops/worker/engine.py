@@ -8,11 +8,14 @@ stopped, and within an invocation the journal's persisted steps carry it further
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -23,6 +26,7 @@ from loops.invokers import (
     InvocationRequest,
     LeaseLost,
     OutcomeKind,
+    RecordedCall,
     RetryLater,
     Role,
     RunHalted,
@@ -31,7 +35,7 @@ from loops.invokers import (
 )
 from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
 from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
-from loops.services import budgets
+from loops.services import budgets, toolloop
 from loops.services import steps as step_services
 from loops.services.approvals import approval_authorize_execution, approvals_open
 from loops.services.claims import Claimed
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
     from loops.worker.driver import RunDriver
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -80,7 +85,14 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
 
 
 class DbJournal:
-    """The engine's :class:`~loops.invokers.StepJournal`: every write fenced by the lease."""
+    """The engine's :class:`~loops.invokers.StepJournal`: every write fenced by the lease.
+
+    A model step is numbered here and written with the journal's next write, in the same
+    transaction: with the first call it made (``tool_step_begin(model_step=…)``), or on its
+    own before anything else is written (:meth:`flush`; the engine flushes when the invocation
+    returns). Its calls therefore never start before it is persisted, and a step costs one
+    transaction fewer. Only the lease holder writes a run's steps, so the journal knows the
+    next seq; the write also checks it (``JournalOutOfStep``)."""
 
     def __init__(self, driver: RunDriver, lease: Lease, role: Role, invocation: str) -> None:
         self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
@@ -92,20 +104,81 @@ class DbJournal:
         self._fresh = False
         #: When the tool steps this journal began started (step_complete's one-UPDATE path).
         self._began: dict[int, Any] = {}
+        #: The run's step count as this journal last wrote it (None: not known, no numbering).
+        self._steps: int | None = None
+        #: A recorded model step not written yet, and the write that carries it.
+        self._pending: step_services.ModelStep | None = None
+        self._writing: asyncio.Future[None] | None = None
+        #: The run's rule for reads as of the latest write, and its calls so far by hash
+        #: (None: not known; every read is then begun before it runs).
+        self._rule: step_services.ReadRule | None = None
+        self._calls: dict[str, int] | None = None
 
     async def db_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` on the driver's database threads (pooled connections): for an invoker's
         own reads, such as the employee's profile."""
         return await self.driver.db(fn, *args, **kwargs)
 
-    def started(self, *, fresh: bool, metered: bool) -> None:
+    def started(
+        self,
+        *,
+        fresh: bool,
+        metered: bool,
+        steps: int | None = None,
+        limits: budgets.RunLimits | None = None,
+        calls: dict[str, int] | None = None,
+    ) -> None:
         """What the invocation's start found: a ``fresh`` invocation has no steps yet (none is
-        written before its start is counted); an unmetered run needs no admission for now."""
+        written before its start is counted); an unmetered run needs no admission for now;
+        ``steps`` is the run's step count, from which the journal numbers model steps;
+        ``limits`` and ``calls`` (the run's tool calls by hash) say which reads may run before
+        they are persisted (:meth:`runs_first`)."""
         self._fresh = fresh
+        self._steps = steps
+        self._rule = None if limits is None else step_services.read_rule(limits)
+        self._calls = calls
         if not metered:
             self._unmetered_until = time.monotonic() + budgets.ADMISSION_RECHECK_SECONDS
 
+    def runs_first(self, name: str, request: dict[str, Any]) -> bool:
+        """May this read-effect call run before anything of it is persisted? Only when, as of
+        the journal's latest write, no limit must judge it first (see :class:`ReadRule`); the
+        write that follows (:meth:`record_call`) judges it again, exactly."""
+        if self._rule is None or self._calls is None or self._steps is None:
+            return False
+        return self._rule.runs_first(name, self._calls.get(_digest(name, request), 0) + 1)
+
+    def _counted(self, name: str, request: dict[str, Any]) -> None:
+        """A tool step of this call was persisted (the tool-loop policy counts it)."""
+        if self._calls is not None:
+            digest = _digest(name, request)
+            self._calls[digest] = self._calls.get(digest, 0) + 1
+
+    def _saw(self, seq: int) -> None:
+        if self._steps is not None:
+            self._steps = max(self._steps, seq)
+
+    async def flush(self) -> None:
+        """Write the pending model step (if any) and wait for a write carrying it to end."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            write = self.driver.db(step_services.model_step_write, self.lease, pending)
+            _, self._rule = await self._carrying(write)
+        while self._writing is not None:
+            await asyncio.shield(self._writing)
+
+    async def _carrying(self, write: Awaitable[T]) -> T:
+        """Run a write that carries the pending model step; other writes wait for it."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writing = done
+        try:
+            return await write
+        finally:
+            self._writing = None
+            done.set_result(None)
+
     async def steps(self) -> list[StepRecord]:
+        await self.flush()
         if self._fresh:
             self._fresh = False
             return []
@@ -118,7 +191,8 @@ class DbJournal:
     ) -> int:
         if kind == "tool":
             return await self._tool_start(name, request, idempotency_key, StepStatus.STARTED)
-        return await self.driver.db(
+        await self.flush()
+        seq = await self.driver.db(
             step_services.step_begin,
             self.lease,
             role=self.role.value,
@@ -128,6 +202,8 @@ class DbJournal:
             request=request,
             idempotency_key=idempotency_key,
         )
+        self._saw(seq)
+        return seq
 
     async def gate(
         self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
@@ -140,8 +216,12 @@ class DbJournal:
         self, name: str, request: dict[str, Any], idempotency_key: str, status: StepStatus
     ) -> int:
         """A tool call under the run's limits: refused (ToolCallRefused), stopped (RunHalted),
-        or begun, possibly with a notice for its result."""
-        start = await self.driver.db(
+        or begun, possibly with a notice for its result. The first call of a model step
+        carries that step's write."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            await self.flush()
+        write = self.driver.db(
             step_services.tool_step_begin,
             self.lease,
             role=self.role.value,
@@ -150,7 +230,10 @@ class DbJournal:
             request=request,
             idempotency_key=idempotency_key,
             status=status,
+            model_step=pending,
         )
+        start = await (self._carrying(write) if pending is not None else write)
+        self._wrote(start, name, request)
         if start.refused:
             raise ToolCallRefused(start.refused, seq=start.seq)
         if start.notice:
@@ -159,7 +242,54 @@ class DbJournal:
             self._began[start.seq] = start.started_at
         return start.seq
 
+    def _wrote(self, start: step_services.ToolStart, name: str, request: dict[str, Any]) -> None:
+        """A tool step was persisted: its seq, its count, and the run's rule for reads."""
+        self._saw(start.seq)
+        self._counted(name, request)
+        self._rule = start.rule
+
+    async def record_call(
+        self,
+        *,
+        name: str,
+        request: dict[str, Any],
+        idempotency_key: str,
+        response: Any,
+        error: str = "",
+        started_at: datetime | None = None,
+    ) -> RecordedCall:
+        """A read-effect call that already ran: written completed, with the pending model step
+        (the whole tool-loop step in one transaction)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            await self.flush()
+        write = self.driver.db(
+            step_services.tool_step_record,
+            self.lease,
+            role=self.role.value,
+            invocation=self.invocation,
+            name=name,
+            request=request,
+            idempotency_key=idempotency_key,
+            response=response,
+            error=error,
+            started_at=started_at or timezone.now(),
+            model_step=pending,
+        )
+        start = await (self._carrying(write) if pending is not None else write)
+        self._wrote(start, name, request)
+        if start.refused:
+            raise ToolCallRefused(start.refused, seq=start.seq)
+        if start.started_at is None:
+            return RecordedCall(start.seq)
+        # Begun by the exact path: the caller completes it, with the run's notice if any.
+        if start.notice:
+            self.notices[start.seq] = start.notice
+        self._began[start.seq] = start.started_at
+        return RecordedCall(start.seq, completed=False)
+
     async def admit_model_call(self) -> None:
+        await self.flush()
         # A run no tokens/cost limit binds needs no admission: skip the round trip, asking
         # again at least every ADMISSION_RECHECK_SECONDS (a daily limit may appear).
         if self._unmetered_until > time.monotonic():
@@ -176,6 +306,7 @@ class DbJournal:
         return self.notices.get(seq, "")
 
     async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
+        await self.flush()
         return await self.driver.db(
             approval_authorize_execution, self.lease, seq=seq, name=name, arguments=arguments
         )
@@ -190,6 +321,7 @@ class DbJournal:
         tokens_out: int = 0,
         cost: float = 0.0,
     ) -> None:
+        await self.flush()
         await self.driver.db(
             step_services.step_complete,
             self.lease,
@@ -215,27 +347,43 @@ class DbJournal:
         cost: float = 0.0,
         duration_ms: int | None = None,
     ) -> int:
-        return await self.driver.db(
-            step_services.step_record,
-            self.lease,
-            role=self.role.value,
-            invocation=self.invocation,
-            kind=kind,
-            name=name,
-            request=request,
-            response=response,
-            error=error,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            cost=cost,
-            duration_ms=duration_ms,
-        )
+        fields = {
+            "role": self.role.value,
+            "invocation": self.invocation,
+            "kind": kind,
+            "name": name,
+            "request": request,
+            "response": response,
+            "error": error,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost": cost,
+            "duration_ms": duration_ms,
+        }
+        await self.flush()
+        if kind == "model" and self._steps is not None:
+            # Numbered now, written with the next write (see the class docstring).
+            seq = self._steps + 1
+            self._pending = step_services.finished_step(self.lease, seq=seq, **fields)
+            self._steps = seq
+            return seq
+        seq = await self.driver.db(step_services.step_record, self.lease, **fields)
+        self._saw(seq)
+        if kind == "tool":
+            self._counted(name, request)
+        return seq
 
     async def event(self, type: str, data: dict[str, Any]) -> None:
+        await self.flush()
         await self.driver.db(step_services.step_event, self.lease, type=type, data=data)
 
     def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
         return f"{self.lease.run_id}:{step_seq}:{call_index}"
+
+
+def _digest(name: str, request: dict[str, Any]) -> str:
+    """The tool-loop policy's hash of a call, as the step services compute it."""
+    return toolloop.call_hash(name, toolloop.arguments_of(request))
 
 
 # --- preparation -----------------------------------------------------------------------------
@@ -409,18 +557,26 @@ async def _invoke(
     )
     journal = DbJournal(driver, lease, role, name)
     try:
-        start = await driver.db(
-            budgets.budget_invocation_begin, lease, role=role.value, invocation=name
+        start, calls = await driver.db(_invocation_begin, lease, role, name)
+        journal.started(
+            fresh=start.started,
+            metered=start.metered,
+            steps=start.steps,
+            limits=start.limits,
+            calls=calls,
         )
-        journal.started(fresh=start.started, metered=start.metered)
-        return await driver.invoker.invoke(request, journal)
+        outcome = await driver.invoker.invoke(request, journal)
+        await journal.flush()  # the final answer's model step
+        return outcome
     except RunHalted as halt:
         # A budget or the tool-loop policy stopped the run; nothing of the refused step was
         # persisted, so a resume (after a raise, say) starts that step afresh.
+        await journal.flush()
         return InvocationOutcome(
             kind=halt.outcome, code=halt.code, reason=halt.reason, output=halt.data
         )
     except RetryLater as exc:
+        await journal.flush()
         await driver.db(_park_for_retry, lease, str(exc), exc.delay_seconds)
         return InvocationOutcome(kind=OutcomeKind.BLOCKED, code="__parked__")
     except (LeaseLost, OperationalError, InterfaceError):
@@ -429,11 +585,22 @@ async def _invoke(
         # A bug or an unexpected failure in the invoker: fail the run with its cause rather
         # than letting the lease expire again and again.
         logger.exception("run %s: %s invocation raised", run.id, name)
+        with contextlib.suppress(Exception):
+            await journal.flush()
         return InvocationOutcome(
             kind=OutcomeKind.FAILED,
             code="error",
             reason=f"{name} invocation failed: {type(exc).__name__}: {str(exc)[:500]}",
         )
+
+
+def _invocation_begin(
+    lease: Lease, role: Role, name: str
+) -> tuple[budgets.InvocationStart, dict[str, int]]:
+    """Count the invocation's start, and read the run's tool calls so far (by hash), in one
+    trip to the database threads."""
+    start = budgets.budget_invocation_begin(lease, role=role.value, invocation=name)
+    return start, step_services.call_counts(lease.run_id)
 
 
 def _context_for(run: RunState, role: Role) -> dict[str, Any]:

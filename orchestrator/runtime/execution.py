@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from orchestrator.runtime.history import APPROVED, FINISHED, GATED, STARTED, Log
 from orchestrator.runtime.history import result_text as recorded_text
 from orchestrator.runtime.tools.base import Tool, ToolContext, ToolError, ToolResult
 from orchestrator.runtime.truncation import truncate_output
+from orchestrator.runtime.types import Effect
 from orchestrator.runtime.validation import Invalid, validate_arguments
 
 T = TypeVar("T")
@@ -246,6 +248,15 @@ class StepExecutor:
         return {"seq": seq, "tool": planned.tool, "arguments": planned.arguments, "reason": reason}
 
     async def _start(self, entry: ModelEntry, planned: PlannedCall) -> tuple[int, str]:
+        tool = self.toolset.registry.get(planned.tool)
+        if (
+            tool is not None
+            and tool.spec.effect == Effect.READ
+            and self.journal.runs_first(
+                planned.tool, self._request(entry, planned, planned.arguments)
+            )
+        ):
+            return await self._run_read(entry, planned, tool)
         key = self.journal.idempotency_key(entry.seq, planned.index)
         # Persisted before the tool runs: after a crash, this started step is the only trace
         # that the effect may have happened, and it carries the key the re-issue must reuse.
@@ -264,6 +275,45 @@ class StepExecutor:
             )
         arguments = planned.arguments or {}  # a RUN call always has validated arguments
         return await self._run(seq, planned, planned.tool, arguments, key, False)
+
+    async def _run_read(
+        self, entry: ModelEntry, planned: PlannedCall, tool: Tool
+    ) -> tuple[int, str]:
+        """A read-effect call runs first and is persisted once, finished, with its result: it
+        changes nothing, so it needs no durable start (after a crash it simply runs again),
+        and the model step that made it is written in the same transaction."""
+        key = self.journal.idempotency_key(entry.seq, planned.index)
+        arguments = planned.arguments or {}  # a RUN call always has validated arguments
+        started_at = datetime.now(UTC)
+        context = ToolContext(
+            workdir=self.workdir,
+            idempotency_key=key,
+            deadline=time.monotonic() + self.limits.timeout_seconds,
+            call_id=planned.call.id,
+            reissued=False,
+            files_written=self.files_written,
+        )
+        result = await execute_tool(tool, arguments, context, self.limits)
+        shown = _with_notices(result, [planned.warning])
+        try:
+            recorded = await self.journal.record_call(
+                name=planned.tool,
+                request=self._request(entry, planned, arguments),
+                idempotency_key=key,
+                response=shown.response(),
+                error=shown.error,
+                started_at=started_at,
+            )
+        except ToolCallRefused as refused:  # run policy: persisted with this result instead
+            return planned.index, refused.content
+        if planned.warning:
+            await self.journal.event(
+                "tool.repetition_warning", {"tool": planned.tool, "model_seq": entry.seq}
+            )
+        if not recorded.completed:  # begun only: its result goes with the run's notice
+            return await self._complete(recorded.seq, planned, result)
+        self.files_written.update(result.files_written)
+        return planned.index, shown.content
 
     async def _resume(self, planned: PlannedCall, record: StepRecord) -> tuple[int, str]:
         """Re-issue a started call, or run an approved one, completing its existing step."""
@@ -320,17 +370,23 @@ class StepExecutor:
     async def _complete(
         self, seq: int, planned: PlannedCall, result: CallResult
     ) -> tuple[int, str]:
-        notices = [n for n in (planned.warning, self.journal.tool_notice(seq)) if n]
-        if notices:
-            result = CallResult(
-                "\n\n".join([result.content, *notices]),
-                result.error,
-                result.files_written,
-                result.original_length,
-            )
+        result = _with_notices(result, [planned.warning, self.journal.tool_notice(seq)])
         self.files_written.update(result.files_written)
         await self.journal.complete(seq, response=result.response(), error=result.error)
         return planned.index, result.content
+
+
+def _with_notices(result: CallResult, notices: list[str]) -> CallResult:
+    """The result as the model gets it: with the loop's and the run's notices appended."""
+    shown = [n for n in notices if n]
+    if not shown:
+        return result
+    return CallResult(
+        "\n\n".join([result.content, *shown]),
+        result.error,
+        result.files_written,
+        result.original_length,
+    )
 
 
 def _gated(record: StepRecord, planned: PlannedCall) -> dict[str, Any]:

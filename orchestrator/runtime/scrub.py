@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
-from loops.invokers import InvocationOutcome, StepJournal, StepRecord
+from loops.invokers import InvocationOutcome, RecordedCall, StepJournal, StepRecord
 from orchestrator.runtime.secrets import MASK, Secret
 
 T = TypeVar("T")
@@ -123,6 +124,28 @@ class ScrubbingJournal:
             tokens_out=tokens_out,
             cost=cost,
             duration_ms=duration_ms,
+        )
+
+    def runs_first(self, name: str, request: dict[str, Any]) -> bool:
+        return self.inner.runs_first(name, self._s(request))
+
+    async def record_call(
+        self,
+        *,
+        name: str,
+        request: dict[str, Any],
+        idempotency_key: str,
+        response: Any,
+        error: str = "",
+        started_at: datetime | None = None,
+    ) -> RecordedCall:
+        return await self.inner.record_call(
+            name=name,
+            request=self._s(request),
+            idempotency_key=idempotency_key,
+            response=self._s(response),
+            error=self._s(error),
+            started_at=started_at,
         )
 
     async def gate(

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from loops import db
 from loops.models import LoopEvent, LoopRun, RunStatus
-from loops.services import claims, transitions
+from loops.services import budgets, claims, transitions
 from loops.services.claims import run_claim, run_heartbeat, runs_reap
 from loops.worker import engine
 from tests.e2e.conftest import start_beat, start_worker
@@ -53,12 +53,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 SKEW = timedelta(seconds=120)
 LEASE_FUNCTIONS = [
-    claims._candidates,
-    claims._take,
+    claims._candidates_sql,
+    claims._take_sql,
     claims.run_heartbeat,
     claims._expired_leases,
     claims._expired_leases_for,
-    transitions.fenced_touch,
+    transitions.fence_touch_sql,  # the statement of transitions.fenced_touch
+    budgets.fence_limits_sql,  # the fence of the journal's batched writes
 ]
 PYTHON_CLOCKS = ("timezone.now", "datetime.now", "datetime.utcnow", "time.time", "time.monotonic")
 

@@ -24,11 +24,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from loops import db
 from loops.invokers import InvocationRequest, Role
 from loops.policy import PatternPolicy
 from loops.services import budgets
 from loops.services.claims import run_claim
-from loops.worker.engine import DbJournal, load_run_state, prepare
+from loops.worker.engine import DbJournal, _invocation_begin, load_run_state, prepare
 from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
 from orchestrator.runtime.policy import ToolPolicy
 from orchestrator.runtime.tools import ToolRegistry, ToolResult
@@ -39,24 +40,28 @@ from tests.support.factories import make_pattern, make_run
 # through ``seeded_profiles`` (tests/conftest.py) after each flush.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("seeded_profiles")]
 
-#: Statements between two model calls of a steady-state step (model step + one tool call):
-#: record the model step (fence + limits, step, usage), begin the tool call (fence + limits,
-#: duplicate-call count, step, usage), complete it (fence, step). Was 21 (docs/performance.md).
-STATEMENTS_PER_STEP = 9
-#: Calls of the journal into the database per step (each a transaction or a single read).
-#: Was 4: the model-call admission is skipped while no tokens/cost limit binds the run.
-DB_CALLS_PER_STEP = 3
+#: Statements between two model calls of a steady-state step (model step + one tool call),
+#: by the tool's effect. A read runs first and is written once, finished, with the model step
+#: that made it: fence + limits, duplicate-call count, the two steps, their usage. A write is
+#: begun with the model step (the same five) and completed (fence, step). Was 21, then 9 for
+#: either (docs/performance.md).
+STATEMENTS_PER_STEP = {Effect.READ: 5, Effect.WRITE: 7}
+#: Calls of the journal into the database per step (each one transaction). Was 4, then 3.
+DB_CALLS_PER_STEP = {Effect.READ: 1, Effect.WRITE: 2}
+#: Network round trips per step on PostgreSQL (a transaction's statements are sent together;
+#: the fence and the count come back first, the judged writes and the commit follow).
+ROUND_TRIPS_PER_STEP = {Effect.READ: 2, Effect.WRITE: 3}
 STEPS = 12
 TOOLS = ("noop_a", "noop_b")  # alternated: the repetition guard ends long runs of one tool
 
 
 class NoopTool:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, effect: Effect) -> None:
         self.spec = ToolSpec(
             name=name,
             description="does nothing",
             parameters={"type": "object", "properties": {"i": {"type": "integer"}}},
-            effect=Effect.READ,
+            effect=effect,
         )
 
     async def run(self, arguments: dict[str, Any], context: Any) -> ToolResult:
@@ -81,14 +86,15 @@ class InlineDriver:
 
 
 class CountingModel:
-    """Answers at once; notes the statement and db-call counts at every model call."""
+    """Answers at once; notes the statement, db-call and round-trip counts at every model
+    call."""
 
     def __init__(self, driver: InlineDriver) -> None:
         self.driver = driver
-        self.marks: list[tuple[int, int]] = []
+        self.marks: list[tuple[int, int, int]] = []
 
     async def complete(self, request: Any, **_: Any) -> ChatResponse:
-        self.marks.append((len(self.driver.statements), self.driver.calls))
+        self.marks.append((len(self.driver.statements), self.driver.calls, db.round_trips()))
         made = len(self.marks) - 1
         if made < STEPS:
             name = TOOLS[made % len(TOOLS)]
@@ -112,20 +118,32 @@ def _leased_run() -> tuple[Any, Any]:
 
 
 async def _invoke_and_close(invoker: ToolLoopInvoker, request: Any, journal: Any) -> Any:
+    # Connect in this coroutine, so the tool calls' tasks share its connection (Django keeps
+    # connections per async context; a task that connected first would keep its own).
+    connection.ensure_connection()
     try:
         return await invoker.invoke(request, journal)
     finally:
         connection.close()  # the event loop's own connection, or the test database stays busy
 
 
-def _per_step(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, list[str]]]:
+def _per_step(
+    monkeypatch: pytest.MonkeyPatch, effect: Effect
+) -> list[tuple[int, int, int, list[str]]]:
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # the journal runs inline here
     # An unmetered run re-asks for admission once a second; a slow machine must not see it.
     monkeypatch.setattr(budgets, "ADMISSION_RECHECK_SECONDS", 3600.0)
     lease, state = _leased_run()
     driver = InlineDriver()
-    budgets.budget_invocation_start(lease, role="maker", invocation="maker:0")
+    start, calls = _invocation_begin(lease, Role.MAKER, "maker:0")
     journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+    journal.started(
+        fresh=start.started,
+        metered=start.metered,
+        steps=start.steps,
+        limits=start.limits,
+        calls=calls,
+    )
     request = InvocationRequest(
         run_id=state.id,
         role=Role.MAKER,
@@ -138,7 +156,7 @@ def _per_step(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, list[str]
     model = CountingModel(driver)
     invoker = ToolLoopInvoker(
         model_clients=lambda _username: model,
-        tools=ToolRegistry([NoopTool(name) for name in TOOLS]),
+        tools=ToolRegistry([NoopTool(name, effect) for name in TOOLS]),
         policy=lambda _request: ToolPolicy.from_decisions({n: "allow" for n in TOOLS}),
         settings=LoopSettings(max_steps=STEPS + 2),
     )
@@ -147,29 +165,33 @@ def _per_step(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, list[str]
     assert time.monotonic() - started < 60
     assert outcome.kind == "completed", outcome
     steps = []
-    for (q0, c0), (q1, c1) in zip(model.marks, model.marks[1:], strict=False):
-        steps.append((q1 - q0, c1 - c0, driver.statements[q0:q1]))
+    for (q0, c0, r0), (q1, c1, r1) in zip(model.marks, model.marks[1:], strict=False):
+        steps.append((q1 - q0, c1 - c0, r1 - r0, driver.statements[q0:q1]))
     return steps
 
 
+@pytest.mark.parametrize("effect", [Effect.READ, Effect.WRITE])
 def test_a_tool_loop_step_issues_at_most_the_counted_sql_statements(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, effect: Effect
 ) -> None:
-    steps = _per_step(monkeypatch)
+    steps = _per_step(monkeypatch, effect)
     assert len(steps) == STEPS
     steady = steps[1:]  # the first step also creates the run's usage rows
     worst = max(steady, key=lambda s: s[0])
-    listing = "\n".join(worst[2])
-    assert worst[0] <= STATEMENTS_PER_STEP, (
-        f"a step now issues {worst[0]} SQL statements (ceiling {STATEMENTS_PER_STEP}) "
+    listing = "\n".join(worst[3])
+    assert worst[0] <= STATEMENTS_PER_STEP[effect], (
+        f"a step now issues {worst[0]} SQL statements (ceiling {STATEMENTS_PER_STEP[effect]}) "
         f"on {connection.vendor}:\n{listing}"
     )
-    assert max(s[1] for s in steady) <= DB_CALLS_PER_STEP
+    assert max(s[1] for s in steady) <= DB_CALLS_PER_STEP[effect]
+    if connection.vendor == "postgresql":
+        assert max(s[2] for s in steady) <= ROUND_TRIPS_PER_STEP[effect]
 
 
+@pytest.mark.parametrize("effect", [Effect.READ, Effect.WRITE])
 def test_the_statements_per_step_do_not_grow_with_the_history(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, effect: Effect
 ) -> None:
-    steps = _per_step(monkeypatch)
+    steps = _per_step(monkeypatch, effect)
     counts = [s[0] for s in steps[1:]]
     assert max(counts) == min(counts), f"statements per step vary with history: {counts}"

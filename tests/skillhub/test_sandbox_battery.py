@@ -766,8 +766,28 @@ def test_s1_case_is_contained(battery: Battery, host: Host, language: str, numbe
     assert not problems, f"{key}: {problems}\nstdout: {result.stdout[-800:]}"
     assert result.leftover_processes == 0
     assert outcome.marker_processes == [], "processes with the case's marker survived"
-    # The wall-clock kill: the spawned process is gone at most 1 s after the deadline.
-    assert result.duration_ms <= (case.timeout + 1) * 1000
+    # Killed, not left running: ten sandboxes at once (bombs among them) beside the rest of
+    # the suite can delay a kill on a 2-core machine; its precision is measured alone below.
+    assert result.duration_ms <= (case.timeout + KILL_SLACK_IN_BATTERY) * 1000
+
+
+#: The cases that only a wall-clock kill ends (sleep forever; a grandchild that outlives it).
+WALL_KILLED = (9, 11)
+#: How late a kill may land while the whole battery runs at once (see the test above).
+KILL_SLACK_IN_BATTERY = 5.0
+
+
+@pytest.mark.parametrize("language", ["python", "node"])
+@pytest.mark.parametrize("number", WALL_KILLED, ids=[CASE_IDS[n - 1] for n in WALL_KILLED])
+def test_s1_the_wall_clock_kill_lands_within_a_second_of_the_deadline(
+    host: Host, language: str, number: int
+) -> None:
+    """S1's timing criterion, each case alone: the spawned process is gone at most 1 s after
+    the deadline."""
+    case = build_case(number, language, host)  # type: ignore[arg-type]
+    outcome = asyncio.run(run_case(case, asyncio.Semaphore(1)))
+    assert outcome.result.timed_out and outcome.marker_processes == []
+    assert outcome.result.duration_ms <= (case.timeout + 1) * 1000
 
 
 @pytest.mark.parametrize("language", ["python", "node"])

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from loops.invokers import LeaseLost, StepRecord
+from loops.invokers import LeaseLost, RecordedCall, StepRecord
 
 
 class SimulatedCrash(BaseException):
@@ -124,6 +124,42 @@ class MemoryJournal:
         )
         self._wrote("record", kind, seq)
         return seq
+
+    #: What ``runs_first`` answers (the engine's journal asks the run's limits): by default
+    #: every call is begun before it runs; tests of the read-first path turn it on.
+    reads_run_first: bool = False
+
+    def runs_first(self, name: str, request: dict[str, Any]) -> bool:
+        return self.reads_run_first
+
+    async def record_call(
+        self,
+        *,
+        name: str,
+        request: dict[str, Any],
+        idempotency_key: str,
+        response: Any,
+        error: str = "",
+        started_at: Any = None,
+    ) -> RecordedCall:
+        """Like the engine's journal: one write of a finished step (``record_call``, "tool")."""
+        self._fence("record_call", "tool")
+        seq = len(self.rows) + 1
+        status = "failed" if error else "completed"
+        self.rows.append(
+            _Step(
+                seq,
+                "tool",
+                status,
+                name,
+                idempotency_key,
+                copy.deepcopy(request),
+                copy.deepcopy(response),
+                error,
+            )
+        )
+        self._wrote("record_call", "tool", seq)
+        return RecordedCall(seq)
 
     async def gate(
         self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str

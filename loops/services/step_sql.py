@@ -1,0 +1,208 @@
+"""The journal's statements, built without the ORM and guarded by the lease fence.
+
+The journal writes two step rows and completes one per tool-loop step; building those through
+the ORM (model instance, compiler) costs more CPU than the database takes to run them. These
+write the same rows: each value is prepared by its model field (``get_db_prep_save``: JSON,
+dates, decimals, UUIDs as the vendor stores them), only the statement is built once.
+
+Every statement here carries the fence itself (``FROM loops_looprun r WHERE r.id = … AND
+r.lease_owner = … AND r.lease_token = …``): sent in one batch after the fenced ``UPDATE`` of the
+run (which takes the run's row lock), a batch whose lease was lost writes nothing at all, so it
+can be committed in the same round trip without waiting to look at the fence's answer.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from loops import db
+from loops.models import LoopStep, StepStatus
+from loops.services.transitions import Lease
+
+Statement = tuple[str, list[Any]]
+
+_STEP_COLUMNS = (
+    "role",
+    "invocation",
+    "kind",
+    "status",
+    "name",
+    "idempotency_key",
+    "request",
+    "response",
+    "error",
+    "tokens_in",
+    "tokens_out",
+    "cost",
+    "lease_token",
+    "call_hash",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+)
+_RESULT_COLUMNS = (
+    "status",
+    "response",
+    "error",
+    "tokens_in",
+    "tokens_out",
+    "cost",
+    "finished_at",
+    "duration_ms",
+    "lease_token",
+)
+#: The fence, for a statement that reads ``loops_looprun r``.
+FENCE = "r.id = %s AND r.lease_owner = %s AND r.lease_token = %s"
+
+
+def fence_params(lease: Lease) -> list[Any]:
+    return [db.uuid_param(lease.run_id), lease.owner, lease.token]
+
+
+@functools.cache
+def _field(name: str) -> Any:
+    return LoopStep._meta.get_field(name)
+
+
+def _column(name: str) -> str:
+    return str(connection.ops.quote_name(_field(name).column))
+
+
+def _prepared(values: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
+    return [_field(name).get_db_prep_save(values[name], connection) for name in names]
+
+
+def step_row(**values: Any) -> dict[str, Any]:
+    """A step row with every column the model would default filled in (``run`` and ``seq``
+    come from the fenced run row when it is inserted)."""
+    return {
+        "name": "",
+        "idempotency_key": "",
+        "request": {},
+        "response": None,
+        "error": "",
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "cost": Decimal(0),
+        "lease_token": 0,
+        "call_hash": None,
+        "started_at": timezone.now(),
+        "finished_at": None,
+        "duration_ms": None,
+        **values,
+    }
+
+
+@functools.cache
+def _insert_sql() -> str:
+    columns = ", ".join(["run_id", "seq", *(_column(name) for name in _STEP_COLUMNS)])
+    values = ", ".join(["%s"] * len(_STEP_COLUMNS))
+    return (
+        f"INSERT INTO {LoopStep._meta.db_table} ({columns}) "  # noqa: S608 (model metadata)
+        f"SELECT r.id, r.step_count - %s, {values} FROM loops_looprun r WHERE {FENCE}"
+    )
+
+
+def insert_step(lease: Lease, row: dict[str, Any], *, seq_back: int = 0) -> Statement:
+    """INSERT a step of the fenced run whose seq is the run's ``step_count`` (as the fence just
+    raised it) minus ``seq_back``; nothing when the lease is lost."""
+    return _insert_sql(), [seq_back, *_prepared(row, _STEP_COLUMNS), *fence_params(lease)]
+
+
+def step_result(
+    lease: Lease,
+    *,
+    now: datetime,
+    started_at: datetime,
+    response: Any,
+    error: str,
+    tokens_in: int = 0,
+    tokens_out: int = 0,
+    cost: Decimal = Decimal(0),
+) -> dict[str, Any]:
+    """The columns a step's completion sets."""
+    return {
+        "status": (StepStatus.FAILED if error else StepStatus.COMPLETED).value,
+        "response": response,
+        "error": error,
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "cost": cost,
+        "finished_at": now,
+        "duration_ms": max(0, int((now - started_at).total_seconds() * 1000)),
+        "lease_token": lease.token,
+    }
+
+
+@functools.cache
+def _complete_sql() -> str:
+    assignments = ", ".join(f"{_column(name)} = %s" for name in _RESULT_COLUMNS)
+    return (
+        f"UPDATE {LoopStep._meta.db_table} SET {assignments} "  # noqa: S608 (model metadata)
+        "WHERE run_id = %s AND seq = %s AND status <> %s "
+        f"AND EXISTS (SELECT 1 FROM loops_looprun r WHERE {FENCE})"
+    )
+
+
+def complete_unless_approved(lease: Lease, seq: int, result: dict[str, Any]) -> Statement:
+    """Set a step's result unless it is an approved call (whose execution must be recorded
+    too, the caller's slower path); one row when it was set."""
+    params = [*_prepared(result, _RESULT_COLUMNS), db.uuid_param(lease.run_id), seq]
+    return _complete_sql(), [*params, StepStatus.APPROVED.value, *fence_params(lease)]
+
+
+def occurrences(lease: Lease, digest: str) -> Statement:
+    """Earlier tool steps of the run with the same call hash (the tool-loop policy's count)."""
+    sql = (
+        f"SELECT COUNT(*) FROM {LoopStep._meta.db_table} "  # noqa: S608 (model metadata)
+        "WHERE run_id = %s AND call_hash = %s AND kind = 'tool'"
+    )
+    return sql, [db.uuid_param(lease.run_id), digest]
+
+
+def usage_add(
+    lease: Lease, amounts: dict[str, Decimal], day: str, *, high_water: tuple[str, ...] = ()
+) -> Statement:
+    """Add ``amounts`` (metric → n) to the run's buckets and to its pattern's day ``day`` (an
+    ISO date), whatever their limits, in the one order every writer takes them: the run's
+    scope first, then the day, metrics sorted. The day's scope is
+    ``pattern:<pattern id>:<day>``, the pattern id read from the fenced run row.
+
+    ``high_water`` (metered metrics charged here) also keeps each one's largest single charge
+    of the day (``<metric>:max_call``, which admissions on a shared daily budget weigh), after
+    the counts.
+    """
+    metrics = sorted(amounts)
+    day_rows = [("", metric, amounts[metric]) for metric in metrics]
+    day_rows += [("", f"{metric}:max_call", amounts[metric]) for metric in sorted(high_water)]
+    rows = [(f"run:{lease.run_id}", metric, amounts[metric]) for metric in metrics] + day_rows
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
+    now = db.now_sql()
+    sql = (
+        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "  # noqa: S608 (constants and placeholders only)
+        "SELECT CASE WHEN v.column2 = '' THEN 'pattern:' || CAST(r.pattern_id AS TEXT) || %s "
+        f"ELSE v.column2 END, v.column3, v.column4, {now} "
+        f"FROM (VALUES {values}) AS v, loops_looprun r WHERE {FENCE} ORDER BY v.column1 "
+        "ON CONFLICT (scope, metric) DO UPDATE SET value = CASE WHEN excluded.metric LIKE "
+        "'%%:max_call' THEN (CASE WHEN excluded.value > loops_usagebucket.value THEN "
+        "excluded.value ELSE loops_usagebucket.value END) "
+        f"ELSE loops_usagebucket.value + excluded.value END, updated_at = {now}"
+    )
+    params: list[Any] = [f":{day}"]
+    for ordinal, (scope, metric, n) in enumerate(rows):
+        params += [ordinal, scope, metric, _number(n)]
+    return sql, [*params, *fence_params(lease)]
+
+
+def _number(value: Decimal) -> Any:
+    """A number for raw SQL: SQLite compares a text parameter (how Decimal is sent) as greater
+    than any number, so it gets an int or a float."""
+    if db.is_postgres():
+        return value
+    return int(value) if value == value.to_integral_value() else float(value)

@@ -1,0 +1,141 @@
+"""The engine's journal numbers model steps itself and writes each with its next write.
+
+Only the lease holder writes a run's steps, so its journal knows the next seq: a model step is
+written in the same transaction as the first call it made (or alone, when the journal is
+flushed), never under a seq another writer took. Reads run first only while no limit of the
+run must judge them before they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from loops.invokers import Role
+from loops.models import LoopStep
+from loops.policy import PatternPolicy
+from loops.services.claims import run_claim
+from loops.services.steps import JournalOutOfStep, step_begin
+from loops.services.transitions import Lease
+from loops.worker.engine import DbJournal, _invocation_begin
+from tests.support.factories import make_pattern, make_run
+
+# Real transactions: on PostgreSQL the journal sends each write as one multi-statement batch.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("seeded_profiles")]
+
+
+class InlineDriver:
+    async def db(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+def leased(policy: dict[str, Any] | None = None) -> Lease:
+    pattern = make_pattern(policy=policy or {})
+    run = make_run(pattern, policy_snapshot=PatternPolicy.model_validate(policy or {}).model_dump())
+    [claim] = run_claim(owner="journal-test", lease_seconds=300, run_id=run.id)
+    return claim.lease
+
+
+def journal_for(lease: Lease) -> DbJournal:
+    journal = DbJournal(InlineDriver(), lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+    start, calls = _invocation_begin(lease, Role.MAKER, "maker:0")
+    journal.started(
+        fresh=start.started,
+        metered=start.metered,
+        steps=start.steps,
+        limits=start.limits,
+        calls=calls,
+    )
+    return journal
+
+
+def run_async(coroutine: Any) -> Any:
+    outer = connections[DEFAULT_DB_ALIAS]
+
+    async def main() -> Any:
+        connections[DEFAULT_DB_ALIAS] = outer  # the test's transaction
+        return await coroutine
+
+    with mock.patch.dict(os.environ, {"DJANGO_ALLOW_ASYNC_UNSAFE": "true"}):
+        return asyncio.run(main())
+
+
+def record_model_step(journal: DbJournal) -> int:
+    return run_async(
+        journal.record(
+            kind="model",
+            name="model",
+            request={"step": 1},
+            response={"message": {"role": "assistant", "content": ""}},
+            tokens_in=3,
+            tokens_out=2,
+        )
+    )
+
+
+def test_a_model_step_is_written_with_the_first_call_it_made() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    model_seq = record_model_step(journal)
+    assert not LoopStep.objects.filter(run_id=lease.run_id, seq=model_seq).exists()
+
+    request = {"arguments": {"path": "a"}}
+    tool_seq = run_async(
+        journal.begin(kind="tool", name="write", request=request, idempotency_key="k")
+    )
+    steps = dict(LoopStep.objects.filter(run_id=lease.run_id).values_list("seq", "kind"))
+    assert steps == {model_seq: "model", tool_seq: "tool"} and tool_seq == model_seq + 1
+
+
+def test_the_final_answer_is_written_when_the_journal_is_flushed() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    seq = record_model_step(journal)
+    run_async(journal.flush())
+    step = LoopStep.objects.get(run_id=lease.run_id, seq=seq)
+    assert (step.kind, step.status, step.tokens_in, step.tokens_out) == ("model", "completed", 3, 2)
+
+
+def test_a_model_step_is_never_written_under_a_seq_another_writer_took() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    seq = record_model_step(journal)
+    # Something else wrote a step of the run meanwhile (only the lease holder may: a bug).
+    taken = step_begin(lease, role="maker", invocation="other", kind="tool", name="x", request={})
+    assert taken == seq
+
+    with pytest.raises(JournalOutOfStep, match=f"numbered step {seq}"):
+        run_async(journal.begin(kind="tool", name="write", request={}, idempotency_key="k"))
+    assert list(
+        LoopStep.objects.filter(run_id=lease.run_id).values_list("invocation", flat=True)
+    ) == ["other"]
+
+
+def test_reads_run_first_only_while_no_limit_of_the_run_must_judge_them() -> None:
+    call = {"arguments": {"path": "a"}}
+    assert journal_for(leased()).runs_first("read", call)
+    budgeted = leased({"budgets": {"perRun": {"toolCalls": 50}}})
+    assert not journal_for(budgeted).runs_first("read", call)
+    metered = leased({"budgets": {"daily": {"tokens": 10_000}}})
+    assert not journal_for(metered).runs_first("read", call)
+
+
+def test_a_repeated_read_is_begun_first_once_the_tool_loop_policy_counts_it() -> None:
+    lease = leased({"toolLoop": {"warnAt": 3, "blockAt": 4, "escalateAt": 5}})
+    journal = journal_for(lease)
+    call = {"arguments": {"path": "same"}}
+    for _ in range(2):
+        assert journal.runs_first("read", call)
+        record_model_step(journal)
+        run_async(
+            journal.record_call(
+                name="read", request=call, idempotency_key="k", response={"content": "x"}
+            )
+        )
+    assert not journal.runs_first("read", call)  # the 3rd identical call gets a warning
+    assert journal.runs_first("read", {"arguments": {"path": "other"}})
