@@ -5,9 +5,10 @@ Two workloads on the same server, in a scratch database ``lw_bench_claims`` (the
 another database):
 
 - **ours**: each process loops ``run_claim(limit=1)`` (SKIP LOCKED claim with lease, fencing
-  token and ``lease.claimed`` event), then completes the run through the engine's only status
-  function: ``run_transition`` to ``running`` and then to ``succeeded`` (the state table has no
-  ``preparing → succeeded``), each fenced by the lease and writing its event. Every claim is
+  token and ``lease.claimed`` event; a run that needs no preparation, as these, is started by
+  the claim too: ``running`` with its ``run.started`` event), then completes the run through
+  the engine's only status function: ``run_transition`` to ``succeeded`` (to ``running`` first
+  for a run the claim left ``preparing``), fenced by the lease and writing its event. Every claim is
   audited, and the audit must show 0 double claims and 0 runs left unclaimed.
 - **raw**: the reference, a bare ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)
   RETURNING`` claim plus a token-guarded completion ``UPDATE`` on a scratch table.
@@ -64,7 +65,7 @@ def _wait_for_go(ready: Path, go: Path) -> float:
 
 
 def _ours_loop(owner: str, audit: bool) -> int:
-    from django.db import connection, transaction
+    from django.db import connection
 
     from loops.models import LoopRun, RunStatus
     from loops.services.claims import run_claim
@@ -72,20 +73,24 @@ def _ours_loop(owner: str, audit: bool) -> int:
 
     done = 0
     while True:
-        with transaction.atomic():
-            claims = run_claim(owner=owner, lease_seconds=60, limit=1)
-            if claims and audit:
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        AUDIT_INSERT,
-                        [str(claims[0].lease.run_id), owner, claims[0].lease.token],
-                    )
+        # The claim is its own transaction, as the engine makes it; the audit row follows it
+        # in its own statement, as in the raw loop (no claimer crashes here between the two).
+        claims = run_claim(owner=owner, lease_seconds=60, limit=1)
+        if claims and audit:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    AUDIT_INSERT, [str(claims[0].lease.run_id), owner, claims[0].lease.token]
+                )
         if not claims:
             if not LoopRun.objects.filter(status=RunStatus.QUEUED).exists():
                 return done
             continue  # the rest is locked by other claimers right now
         lease = claims[0].lease
-        for target in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
+        # A run that needs no preparation comes back started (running) from its claim.
+        targets = [RunStatus.SUCCEEDED]
+        if claims[0].status == RunStatus.PREPARING:
+            targets.insert(0, RunStatus.RUNNING)
+        for target in targets:
             run_transition(run_id=lease.run_id, to=target, actor=owner, lease=lease)
         done += 1
 

@@ -30,7 +30,7 @@ from harness.compile import (
 from harness.models import HarnessProfile, HarnessProfileVersion, VersionStatus
 from harness.planner import ToolPlan, plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, SettingsInvalid, layer_validate
-from harness.selectors import profile_get, profile_get_or_none, profile_open_draft
+from harness.selectors import profile_get, profile_open_draft
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from orchestrator.runtime.types import ToolSpec
 
@@ -246,10 +246,12 @@ def profile_version_resolve(ref: str) -> HarnessProfileVersion:
     """The published version ``tag`` (current) or ``tag@N`` names; ProfileNotFound otherwise."""
     tag, number = _parse_ref(ref)
     if number is None:
-        profile = profile_get_or_none(tag)
+        profile = HarnessProfile.objects.select_related("current_version").filter(tag=tag).first()
         if profile is None or profile.current_version is None:
             raise ProfileNotFound(f"No published harness profile tagged {tag!r}.")
-        return profile.current_version
+        current = profile.current_version
+        current.profile = profile  # already at hand: no second query for it
+        return current
     found = (
         HarnessProfileVersion.objects.select_related("profile")
         .filter(profile__tag=tag, version=number)

@@ -114,11 +114,12 @@ class LoopRun(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    pattern = models.ForeignKey(LoopPattern, on_delete=models.PROTECT, related_name="runs")
-    pattern_version = models.PositiveIntegerField(default=1)
-    status = models.CharField(
-        max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True
+    # Indexed by loops_run_pattern_status (pattern, status), which serves pattern lookups too.
+    pattern = models.ForeignKey(
+        LoopPattern, on_delete=models.PROTECT, related_name="runs", db_index=False
     )
+    pattern_version = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     trigger_type = models.CharField(max_length=10, default=TriggerType.MANUAL)
     triggered_by = models.CharField(max_length=200, blank=True, default="")
     trigger_ref = models.CharField(max_length=200, blank=True, default="")
@@ -166,6 +167,8 @@ class LoopRun(models.Model):
                 condition=Q(status__in=["queued", "waiting_lock"]),
             ),
             models.Index(fields=["pattern", "status"], name="loops_run_pattern_status"),
+            # A plain index (db_index=True would add a second, LIKE-only one on PostgreSQL).
+            models.Index(fields=["status"], name="loops_run_status"),
             models.Index(
                 fields=["lease_expires_at"],
                 name="loops_run_leased",
@@ -189,7 +192,10 @@ class LoopRun(models.Model):
 class LoopEvent(models.Model):
     """Append-only history of a run; ``seq`` increases by one per event within a run."""
 
-    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="events")
+    # Indexed by the (run, seq) unique constraint, which serves run lookups too.
+    run = models.ForeignKey(
+        LoopRun, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=60)
     from_status = models.CharField(max_length=20, blank=True, default="")
@@ -231,7 +237,8 @@ class LoopStep(models.Model):
     is re-issued with the same ``idempotency_key``. A completed step is never re-executed.
     """
 
-    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="steps")
+    # Indexed by the (run, seq) unique constraint, which serves run lookups too.
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=20)
     invocation = models.CharField(max_length=100)

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from loops import db, state
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus
+from loops.services import claim_sql
 from loops.services.transitions import Lease, run_transition
 
 _CLAIMABLE = [s.value for s in state.CLAIMABLE]
@@ -31,6 +32,11 @@ class Claimed:
     lease: Lease
     from_status: str
     attempts: int
+    #: The status the claim left the run in: ``preparing``, or ``running``/``verifying`` for a
+    #: run the one-statement claim started (it needed no preparation).
+    status: str = RunStatus.PREPARING.value
+    #: The run's columns the engine needs (``claim_sql.RUN_COLUMNS``), when the claim read them.
+    columns: dict[str, Any] | None = None
 
 
 def _candidates(limit: int, run_id: uuid.UUID | None) -> list[tuple[Any, str, int, int | None]]:
@@ -112,41 +118,45 @@ def run_claim(
 ) -> list[Claimed]:
     """Claim up to ``limit`` runnable runs (or exactly ``run_id`` if it is runnable).
 
-    On PostgreSQL a claim of runs whose patterns set no concurrency limit is one transaction
-    of two round trips (the candidates, locked; then the lease, the events and the commit);
-    a limited pattern's runs are counted under the pattern's row lock (:func:`_claim_exact`).
+    On PostgreSQL, runs of patterns without a concurrency limit are claimed in one statement
+    (``claim_sql``: picked, leased, logged, and started when they need no preparation); runs of
+    limited patterns are counted under the pattern's row lock (:func:`_claim_exact`), which also
+    takes whatever the one statement left of ``limit``.
     """
+    claims: list[Claimed] = []
     if db.batches_are_sent_together():
-        try:
-            return _claim_batched(owner, lease_seconds, limit, run_id)
-        except _Limited:
-            pass
-    return _claim_exact(owner=owner, lease_seconds=lease_seconds, limit=limit, run_id=run_id)
+        claims = _claim_one_statement(owner, lease_seconds, limit, run_id)
+        if len(claims) == limit:
+            return claims
+    return claims + _claim_exact(
+        owner=owner, lease_seconds=lease_seconds, limit=limit - len(claims), run_id=run_id
+    )
 
 
-class _Limited(Exception):
-    """A candidate's pattern limits its concurrency: counted under its lock instead."""
-
-
-def _claim_batched(
+def _claim_one_statement(
     owner: str, lease_seconds: float, limit: int, run_id: uuid.UUID | None
 ) -> list[Claimed]:
+    from loops.services.workspaces import workspaces_root
+
+    statement = claim_sql.claim_statement(
+        owner=owner,
+        lease_seconds=lease_seconds,
+        limit=limit,
+        run_id=run_id,
+        workspaces=str(workspaces_root()),
+    )
     with db.batch() as batch:
-        found = batch.add(*_candidates_sql(limit, run_id))
-        batch.sync()
-        if any(row[3] is not None for row in found.rows):  # a pattern's max_concurrency
-            raise _Limited
-        if not found.rows:
-            return []
-        ids = [row[0] for row in found.rows]
-        batch.add(*_take_sql(owner, lease_seconds, ids))
-        claims, events = [], []
-        for rid, status, _pattern, _limit, token, seq, attempts in found.rows:
-            lease = Lease(_as_uuid(rid), owner, int(token) + 1)
-            claims.append(Claimed(lease, status, int(attempts) + 1))
-            events.append(_claimed_event(lease, status, int(seq) + 1, int(attempts) + 1))
-        batch.add(*db.insert_sql(events))
-    return claims
+        taken = batch.add(*statement)
+    return [
+        Claimed(
+            Lease(_as_uuid(row[0]), owner, int(row[3])),
+            from_status=row[1],
+            attempts=int(row[4]),
+            status=row[2],
+            columns=claim_sql.claimed_columns(row),
+        )
+        for row in taken.rows
+    ]
 
 
 def _claimed_event(lease: Lease, previous: str, seq: int, attempt: int) -> LoopEvent:

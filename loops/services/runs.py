@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import uuid
 from typing import Any
 
@@ -30,17 +31,24 @@ def role_bindings_of(pattern: LoopPattern) -> dict[str, Any]:
 def role_harness_snapshots(
     pattern: LoopPattern, policy: PatternPolicy, overrides: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """Compile each role's harness now; the run keeps these snapshots for its whole life."""
+    """Compile each role's harness now; the run keeps these snapshots for its whole life.
+
+    The roles' layers differ only in their profile (no employee layer is stacked), so each
+    profile is compiled once and every role of it gets its own copy."""
     from harness.services import harness_snapshot
 
+    compiled: dict[str, dict[str, Any]] = {}
+
     def compile_for(tag: str, employee: str) -> dict[str, Any]:
-        return harness_snapshot(
-            tag=tag,
-            pattern_layer=policy.harness or None,
-            employee_username=employee,
-            employee_layer=None,
-            run_overrides=overrides or None,
-        )
+        if tag not in compiled:
+            compiled[tag] = harness_snapshot(
+                tag=tag,
+                pattern_layer=policy.harness or None,
+                employee_username=employee,
+                employee_layer=None,
+                run_overrides=overrides or None,
+            )
+        return copy.deepcopy(compiled[tag])
 
     return {
         "leader": compile_for(pattern.leader_harness_tag, pattern.leader_username),

@@ -22,7 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 from loops import db
-from loops.models import LoopStep, StepStatus
+from loops.models import LoopEvent, LoopStep, StepStatus
 from loops.services.transitions import Lease
 
 Statement = tuple[str, list[Any]]
@@ -104,7 +104,7 @@ def _insert_sql() -> str:
     columns = ", ".join(["run_id", "seq", *(_column(name) for name in _STEP_COLUMNS)])
     values = ", ".join(["%s"] * len(_STEP_COLUMNS))
     return (
-        f"INSERT INTO {LoopStep._meta.db_table} ({columns}) "  # noqa: S608 (model metadata)
+        f"INSERT INTO {LoopStep._meta.db_table} ({columns}) "
         f"SELECT r.id, r.step_count - %s, {values} FROM loops_looprun r WHERE {FENCE}"
     )
 
@@ -144,7 +144,7 @@ def step_result(
 def _complete_sql() -> str:
     assignments = ", ".join(f"{_column(name)} = %s" for name in _RESULT_COLUMNS)
     return (
-        f"UPDATE {LoopStep._meta.db_table} SET {assignments} "  # noqa: S608 (model metadata)
+        f"UPDATE {LoopStep._meta.db_table} SET {assignments} "
         "WHERE run_id = %s AND seq = %s AND status <> %s "
         f"AND EXISTS (SELECT 1 FROM loops_looprun r WHERE {FENCE})"
     )
@@ -157,10 +157,26 @@ def complete_unless_approved(lease: Lease, seq: int, result: dict[str, Any]) -> 
     return _complete_sql(), [*params, StepStatus.APPROVED.value, *fence_params(lease)]
 
 
+def insert_event(lease: Lease, type: str, data: dict[str, Any]) -> Statement:
+    """INSERT an event of the fenced run whose seq is the run's ``event_seq`` (as the fence
+    just raised it); nothing when the lease is lost."""
+    values = [
+        db.prepared(LoopEvent, name, value)
+        for name, value in (("data", data), ("created_at", timezone.now()))
+    ]
+    sql = (
+        "INSERT INTO loops_loopevent "
+        "(run_id, seq, type, from_status, to_status, actor, data, created_at) "
+        "SELECT r.id, r.event_seq, %s, '', '', %s, %s, %s "
+        f"FROM loops_looprun r WHERE {FENCE}"
+    )
+    return sql, [type, lease.owner, *values, *fence_params(lease)]
+
+
 def occurrences(lease: Lease, digest: str) -> Statement:
     """Earlier tool steps of the run with the same call hash (the tool-loop policy's count)."""
     sql = (
-        f"SELECT COUNT(*) FROM {LoopStep._meta.db_table} "  # noqa: S608 (model metadata)
+        f"SELECT COUNT(*) FROM {LoopStep._meta.db_table} "
         "WHERE run_id = %s AND call_hash = %s AND kind = 'tool'"
     )
     return sql, [db.uuid_param(lease.run_id), digest]
@@ -185,10 +201,11 @@ def usage_add(
     values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
     now = db.now_sql()
     sql = (
-        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "  # noqa: S608 (constants and placeholders only)
+        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "
         "SELECT CASE WHEN v.column2 = '' THEN 'pattern:' || CAST(r.pattern_id AS TEXT) || %s "
-        f"ELSE v.column2 END, v.column3, v.column4, {now} "
-        f"FROM (VALUES {values}) AS v, loops_looprun r WHERE {FENCE} ORDER BY v.column1 "
+        f"ELSE v.column2 END, v.column3, CAST(v.column4 AS NUMERIC), {now} "
+        f"FROM (VALUES {values}) AS v, loops_looprun r WHERE {FENCE} "
+        "ORDER BY CAST(v.column1 AS INTEGER) "
         "ON CONFLICT (scope, metric) DO UPDATE SET value = CASE WHEN excluded.metric LIKE "
         "'%%:max_call' THEN (CASE WHEN excluded.value > loops_usagebucket.value THEN "
         "excluded.value ELSE loops_usagebucket.value END) "

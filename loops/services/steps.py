@@ -158,6 +158,61 @@ def read_rule(limits: budgets.RunLimits) -> ReadRule:
     )
 
 
+def invocation_begin(
+    lease: Lease, *, role: str, invocation: str
+) -> tuple[budgets.InvocationStart, dict[str, int]]:
+    """:func:`budgets.budget_invocation_begin`, and the run's tool calls so far by hash (the
+    journal's :meth:`runs_first` needs them).
+
+    On PostgreSQL one transaction of two round trips: whether the invocation already started,
+    the fence with the run's limits and the calls; then, for a fresh invocation nothing limits,
+    its ``invocation.started`` event, its counts and the commit. Anything else goes through
+    the exact path."""
+    if db.batches_are_sent_together():
+        try:
+            return _invocation_begin_batched(lease, role, invocation)
+        except _NotPlain:
+            pass
+    start = budgets.budget_invocation_begin(lease, role=role, invocation=invocation)
+    return start, call_counts(lease.run_id)
+
+
+_STARTED_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM loops_loopevent WHERE run_id = %s "
+    "AND type = 'invocation.started' AND data->>'invocation' = %s)"
+)
+_CALLS_SQL = (
+    "SELECT call_hash, COUNT(*) FROM loops_loopstep WHERE run_id = %s AND kind = 'tool' "
+    "AND call_hash IS NOT NULL GROUP BY call_hash"
+)
+
+
+def _invocation_begin_batched(
+    lease: Lease, role: str, invocation: str
+) -> tuple[budgets.InvocationStart, dict[str, int]]:
+    with db.batch() as batch:
+        started = batch.add(_STARTED_SQL, [lease.run_id, invocation])
+        fence = batch.add(*budgets.fence_limits_sql(lease))
+        calls = batch.add(_CALLS_SQL, [lease.run_id])
+        batch.sync()
+        if not fence.rows:
+            raise _NotHeld
+        steps, _, limits = budgets.limits_from_fence(lease, fence.rows)
+        counts = {str(digest): int(n) for digest, n in calls.rows}
+        if started.rows[0][0]:
+            resumed = budgets.InvocationStart(False, budgets.metered(limits), steps, limits)
+            return resumed, counts
+        amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
+        if budgets.metered(limits) or {*limits.per_run, *limits.daily}.intersection(amounts):
+            raise _NotPlain
+        batch.add(*fence_touch_sql(lease, event_increment=1))
+        data = {"invocation": invocation, "role": role}
+        batch.add(*step_sql.insert_event(lease, budgets.INVOCATION_STARTED, data))
+        usage = {metric: budgets.amount(n) for metric, n in amounts.items()}
+        batch.add(*step_sql.usage_add(lease, usage, _day()))
+    return budgets.InvocationStart(True, False, steps, limits), counts
+
+
 def call_counts(run_id: uuid.UUID) -> dict[str, int]:
     """How often each tool call (name and arguments, hashed) was made in the run so far."""
     rows = (

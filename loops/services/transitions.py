@@ -125,62 +125,91 @@ class _Change:
 
 
 class _NotPlain(Exception):
-    """The transition has more to do than the batched path does; it is rolled back."""
-
-
-#: The run row, locked, with what a run's end touches: its path locks, its pending approvals,
-#: its pattern's breaker.
-_PREFETCH = (
-    "SELECT r.status, r.lease_owner, r.lease_token, r.event_seq, r.pattern_id, "
-    "(SELECT COUNT(*) FROM loops_pathlock l WHERE l.run_id = r.id), "
-    "(SELECT COUNT(*) FROM loops_actionapproval a WHERE a.run_id = r.id AND a.status = 'pending'), "
-    "c.state, c.consecutive_failures, c.probe_owner "
-    "FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id "
-    "LEFT JOIN loops_circuitstate c ON c.key = 'pattern:' || p.key "
-    "WHERE r.id = %s FOR UPDATE OF r"
-)
+    """The transition has more to do than the one-statement path does (nothing was written)."""
 
 
 def _run_transition_batched(change: _Change) -> TransitionResult:
+    """A lease holder's transition in one statement (PostgreSQL): lock the run if it is still
+    held and in a state the target may be reached from (and, for an end, has no path locks or
+    pending approvals and leaves its pattern's breaker as it is), update it, append the event.
+    When it matches nothing the exact path runs, and says why (or does the rest)."""
+    assert change.lease is not None
     with db.batch() as batch:
-        prefetch = batch.add(_PREFETCH, [change.run_id])
-        batch.sync()
-        if not prefetch.rows:
-            raise LoopRun.DoesNotExist(f"run {change.run_id} does not exist")
-        status, owner, token, event_seq, pattern_id, locks, pending, *breaker = prefetch.rows[0]
-        row = {
-            "status": status,
-            "lease_owner": owner,
-            "lease_token": token,
-            "event_seq": event_seq,
-            "pattern_id": pattern_id,
-        }
-        _check(row, change)
-        if change.to in state.TERMINAL and (
-            locks or pending or not _breaker_unmoved(change, *breaker)
-        ):
-            raise _NotPlain
-        values, seq = _values(row, change)
-        batch.add(*db.update_sql(LoopRun, values, pk=change.run_id))
-        batch.add(*db.insert_sql([_event(change, status, seq, change.data)]))
+        written = batch.add(*_transition_statement(change))
+    if not written.rows:
+        raise _NotPlain
+    current, seq = written.rows[0]
     if change.to == RunStatus.QUEUED:
         from loops.services.nudges import nudge_run
 
         nudge_run(change.run_id)  # committed: the nudge goes out now
-    return TransitionResult(change.run_id, status, change.to.value, seq)
+    return TransitionResult(change.run_id, current, change.to.value, int(seq))
 
 
-def _breaker_unmoved(
-    change: _Change, state_: str | None, failures: int | None, probe: str | None
-) -> bool:
-    """The run's end leaves its pattern's breaker as it is (what ``breaker_record_outcome``
-    writes nothing for): a success while it is closed with no failures, a cancel of a run that
-    is not its probe. A failure always counts."""
-    if change.to == RunStatus.SUCCEEDED:
-        return state_ is None or (state_ == "closed" and not failures)
-    if change.to == RunStatus.CANCELED:
-        return probe != str(change.run_id)
-    return False
+def _transition_statement(change: _Change) -> tuple[str, list[Any]]:
+    """One UPDATE of the run, conditional on the lease, a source state and (for an end) a
+    clean end, and the INSERT of its event, as one statement. The UPDATE's own conditions are
+    re-checked on the row it waited for, and the subquery in its RETURNING reads the row as
+    the statement found it (its status before the transition)."""
+    assert change.lease is not None
+    sources = [s.value for s in state.sources_of(change.to)]
+    if change.sources is not None:
+        sources = [s for s in sources if s in change.sources]
+    # An end that touches more (a failure, locks, approvals, a moving breaker) matches nothing.
+    ends = _ENDS_CLEANLY.get(change.to, " AND FALSE") if change.to in state.TERMINAL else ""
+    values, _ = _values({"lease_owner": change.lease.owner, "event_seq": 0}, change)
+    values["event_seq"] = F("event_seq") + 1
+    try:
+        assignments, set_params = db.set_clause(LoopRun, values)
+    except db.NeedsCompiler as unusual:  # a value only the ORM's compiler builds
+        raise _NotPlain from unusual
+    prepared = [
+        db.prepared(LoopEvent, name, value)
+        for name, value in (
+            ("type", change.event_type),
+            ("to_status", change.to.value),
+            ("actor", change.actor),
+            ("data", change.data),
+            ("created_at", timezone.now()),
+        )
+    ]
+    sql = (
+        f"WITH moved AS (UPDATE loops_looprun r SET {assignments} "
+        "WHERE r.id = %s AND r.lease_owner = %s AND r.lease_token = %s "
+        f"AND r.status IN ({db.placeholders(sources)}){ends} "
+        "RETURNING r.id, r.event_seq, "
+        "(SELECT o.status FROM loops_looprun o WHERE o.id = r.id) AS previous), "
+        "logged AS (INSERT INTO loops_loopevent "
+        "(run_id, seq, type, from_status, to_status, actor, data, created_at) "
+        "SELECT id, event_seq, %s, previous, %s, %s, %s, %s FROM moved) "
+        "SELECT previous, event_seq FROM moved"
+    )
+    held = [change.run_id, change.lease.owner, change.lease.token, *sources]
+    return sql, [*set_params, *held, *prepared]
+
+
+#: What an end needs to be written in one statement: no path locks to free, no pending
+#: approvals to withdraw, and the pattern's breaker left as it is (``breaker_record_outcome``
+#: writes nothing for a success while it is closed without failures, nor for a cancel of a run
+#: that is not its probe). A failure always counts on the breaker: the exact path.
+_CLEAN_END = (
+    " AND NOT EXISTS (SELECT 1 FROM loops_pathlock l WHERE l.run_id = r.id)"
+    " AND NOT EXISTS (SELECT 1 FROM loops_actionapproval a WHERE a.run_id = r.id"
+    " AND a.status = 'pending')"
+)
+_PATTERN_BREAKER = (
+    "SELECT 1 FROM loops_circuitstate c JOIN loops_looppattern p "
+    "ON c.key = 'pattern:' || p.key WHERE p.id = r.pattern_id"
+)
+_ENDS_CLEANLY = {
+    RunStatus.SUCCEEDED: (
+        f"{_CLEAN_END} AND NOT EXISTS ({_PATTERN_BREAKER} "
+        "AND (c.state <> 'closed' OR c.consecutive_failures > 0))"
+    ),
+    RunStatus.CANCELED: (
+        f"{_CLEAN_END} AND NOT EXISTS ({_PATTERN_BREAKER} AND c.probe_owner = CAST(r.id AS TEXT))"
+    ),
+}
 
 
 def _check(row: dict[str, Any], change: _Change) -> None:

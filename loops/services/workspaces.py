@@ -28,8 +28,13 @@ def _git(*args: str, cwd: str | Path) -> str:
     return result.stdout
 
 
+def workspaces_root() -> Path:
+    """The folder of every run's workspace."""
+    return Path(settings.VAR_DIR) / "workspaces"
+
+
 def workspace_path(run_id: uuid.UUID) -> Path:
-    return Path(settings.VAR_DIR) / "workspaces" / str(run_id)
+    return workspaces_root() / str(run_id)
 
 
 def workspace_ensure(run_id: uuid.UUID, repository: dict[str, Any]) -> str:

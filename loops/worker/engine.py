@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, transaction
@@ -65,6 +66,23 @@ class RunState:
     repository: dict[str, Any]
     cursor: dict[str, Any] = field(default_factory=dict)
     lock_wait_since: Any = None
+
+
+def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
+    """The state of a run from the columns its claim returned (``claim_sql.RUN_COLUMNS``)."""
+    return RunState(
+        id=run_id,
+        status=status,
+        goal=columns["goal"],
+        inputs=columns["inputs"],
+        autonomy_level=columns["autonomy_level"],
+        role_bindings=columns["role_bindings"],
+        harness_snapshots=columns["harness_snapshots"],
+        policy=columns["policy_snapshot"],
+        repository=columns["repository_snapshot"],
+        cursor=dict(columns["cursor"] or {}),
+        lock_wait_since=columns["lock_wait_since"],
+    )
 
 
 def load_run_state(run_id: uuid.UUID) -> RunState:
@@ -392,8 +410,11 @@ def _digest(name: str, request: dict[str, Any]) -> str:
 def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
     """Take the path locks and move to running/verifying, or park in waiting_lock.
 
-    Returns the status the run is in afterwards.
+    Returns the status the run is in afterwards (a run its claim already started is left
+    as it is).
     """
+    if run.status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
+        return run.status
     repo_key = run.repository.get("repositoryKey") or ""
     paths = list(run.repository.get("actingOn") or [])
     if repo_key and paths:
@@ -502,8 +523,15 @@ def _advance_cursor(run: RunState, role: Role, output: dict[str, Any]) -> dict[s
 async def drive_run(driver: RunDriver, claim: Claimed) -> None:
     """Drive one claimed run until it finishes, parks or the lease is lost."""
     lease = claim.lease
-    retry = float(driver_setting("LOCK_RETRY_SECONDS"))
-    run, status = await driver.db(_load_and_prepare, lease, retry)
+    if claim.columns is not None and claim.status != RunStatus.PREPARING.value:
+        # Started by its claim (it needed no preparation): only its workspace may be missing.
+        run = run_state_of(lease.run_id, claim.status, claim.columns)
+        status = run.status
+        if not Path(run.cursor["workdir"]).is_dir():
+            status = await driver.db(_workspace_for_started, lease, run)
+    else:
+        retry = float(driver_setting("LOCK_RETRY_SECONDS"))
+        run, status = await driver.db(_load_and_prepare, lease, retry)
     while status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
         step = _next_invocation(run)
         if step is None:
@@ -522,6 +550,24 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
             await driver.db(_conclude_verdict, lease, run, outcome.output)
             return
         await driver.db(run_update_fenced, lease, cursor=run.cursor)
+
+
+def _workspace_for_started(lease: Lease, run: RunState) -> str:
+    """Create the workspace of a run its claim started (a plain folder, or an existing
+    worktree); a run whose workspace cannot be made fails with the reason."""
+    try:
+        workspace_ensure(run.id, run.repository)
+    except WorkspaceError as exc:
+        run_transition(
+            run_id=run.id,
+            to=RunStatus.FAILED,
+            actor=lease.owner,
+            lease=lease,
+            event_type="workspace.failed",
+            fields={"terminal_reason": "workspace_error", "failure_reason": str(exc)},
+        )
+        return RunStatus.FAILED.value
+    return run.status
 
 
 def _load_and_prepare(lease: Lease, retry: float) -> tuple[RunState, str]:
@@ -597,10 +643,8 @@ async def _invoke(
 def _invocation_begin(
     lease: Lease, role: Role, name: str
 ) -> tuple[budgets.InvocationStart, dict[str, int]]:
-    """Count the invocation's start, and read the run's tool calls so far (by hash), in one
-    trip to the database threads."""
-    start = budgets.budget_invocation_begin(lease, role=role.value, invocation=name)
-    return start, step_services.call_counts(lease.run_id)
+    """Count the invocation's start, and read the run's tool calls so far (by hash)."""
+    return step_services.invocation_begin(lease, role=role.value, invocation=name)
 
 
 def _context_for(run: RunState, role: Role) -> dict[str, Any]:

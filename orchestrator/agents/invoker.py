@@ -9,6 +9,7 @@ The leader only ever gets read-effect tools (it plans and changes nothing, DESIG
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,21 +75,65 @@ def _read_profile(username: str) -> EmployeeProfile:
     )
 
 
-def _load_profile(username: str) -> EmployeeProfile:
+#: When the employee, its endpoint and its failover chain last changed: one short query, so a
+#: worker reuses a profile (and its model client) until the configuration changes.
+_SIGNATURE = (
+    "SELECT e.updated_at, ep.updated_at, "
+    "(SELECT MAX(t.updated_at) FROM agents_failoverroute f "
+    "JOIN agents_modelendpoint t ON t.id = f.target_id WHERE f.source_id = ep.id), "
+    "(SELECT COUNT(*) FROM agents_failoverroute f WHERE f.source_id = ep.id) "
+    "FROM agents_employee e JOIN agents_modelendpoint ep ON ep.id = e.endpoint_id "
+    "WHERE e.username = %s"
+)
+
+
+class ProfileCache:
+    """Employee profiles of one worker process, each kept while its configuration is unchanged.
+
+    Every invocation still asks the database whether the employee, its endpoint or an endpoint
+    of its failover chain changed (``_SIGNATURE``); only then is the profile read and its model
+    client built again. A client built once per configuration also keeps its self-healing
+    stream mode until the configuration changes (spec/001)."""
+
+    def __init__(self) -> None:
+        self._profiles: dict[str, tuple[tuple[Any, ...], EmployeeProfile]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, username: str) -> EmployeeProfile:
+        """The profile of ``username`` (call on a thread with a database connection)."""
+        with connection.cursor() as cursor:
+            cursor.execute(_SIGNATURE, [username])
+            row = cursor.fetchone()
+        if row is None:
+            raise NotFound(f"No AI employee named {username}.")
+        signature = tuple(row)
+        with self._lock:
+            known = self._profiles.get(username)
+        if known is not None and known[0] == signature:
+            return known[1]
+        profile = _read_profile(username)
+        with self._lock:
+            self._profiles[username] = (signature, profile)
+        return profile
+
+
+def _load_profile(profiles: ProfileCache, username: str) -> EmployeeProfile:
     try:
-        return _read_profile(username)
+        return profiles.get(username)
     finally:
         connection.close()  # a worker thread of asyncio.to_thread: do not keep connections
 
 
-async def _profile_for(username: str, journal: StepJournal) -> EmployeeProfile:
+async def _profile_for(
+    profiles: ProfileCache, username: str, journal: StepJournal
+) -> EmployeeProfile:
     """Read on the run driver's database threads when the journal offers them (``db_call``:
     pooled connections, no connect per invocation), else on a throwaway thread."""
     db_call = getattr(journal, "db_call", None)
     if db_call is not None:
-        profile: EmployeeProfile = await db_call(_read_profile, username)
+        profile: EmployeeProfile = await db_call(profiles.get, username)
         return profile
-    return await asyncio.to_thread(_load_profile, username)
+    return await asyncio.to_thread(_load_profile, profiles, username)
 
 
 def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolPolicy:
@@ -136,6 +181,7 @@ class AgentInvoker:
         # bash only where the sandbox runs: absent from the registry (never offered) elsewhere.
         if tools is None and (bash := bash_tool(BashConfig(ledger=ledger))) is not None:
             self.tools.register(bash)
+        self.profiles = ProfileCache()
 
     @classmethod
     def build(cls) -> AgentInvoker:
@@ -143,7 +189,7 @@ class AgentInvoker:
 
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
         try:
-            profile = await _profile_for(request.employee_username, journal)
+            profile = await _profile_for(self.profiles, request.employee_username, journal)
         except NotFound as exc:
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="unknown_employee", reason=exc.detail

@@ -305,13 +305,14 @@ def park_directly(
     run = run_trigger(pattern=pattern, actor="test", inputs={"label": "direct"})
     [claim] = run_claim(owner="test-parker", lease_seconds=300, run_id=run.id)
     lease = claim.lease
-    run_transition(
-        run_id=run.id,
-        to=RunStatus.RUNNING,
-        actor=lease.owner,
-        lease=lease,
-        event_type="run.started",
-    )
+    if claim.status == RunStatus.PREPARING:  # else its claim started it
+        run_transition(
+            run_id=run.id,
+            to=RunStatus.RUNNING,
+            actor=lease.owner,
+            lease=lease,
+            event_type="run.started",
+        )
     invocation = "maker:0" if role == Role.MAKER else role.value
     wire = [
         {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}

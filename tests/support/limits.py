@@ -55,9 +55,10 @@ def running_run(
     pattern = pattern or make_pattern()
     run = make_run(pattern, policy_snapshot=snapshot(policy or pattern.policy))
     [claim] = run_claim(owner=owner, lease_seconds=300, run_id=run.id)
-    run_transition(
-        run_id=run.id, to=RunStatus.RUNNING, actor=owner, lease=claim.lease, event_type="t"
-    )
+    if claim.status == RunStatus.PREPARING:  # else its claim started it
+        run_transition(
+            run_id=run.id, to=RunStatus.RUNNING, actor=owner, lease=claim.lease, event_type="t"
+        )
     return LoopRun.objects.get(pk=run.id), claim.lease
 
 
