@@ -15,6 +15,12 @@ node (the model) and a prebuilt ``ToolNode``, ``tools_condition`` between them, 
 * **Resume**: a run parks at ``interrupt()`` before a gated tool; the human decision is a
   ``Command(resume=...)`` sent from a new connection; timed to the tool's start.
 
+**Durability.** LangGraph's default (``durability="async"``) writes a super-step's checkpoint
+while the next step already runs, so a crash can lose the step that just finished. Ours writes
+every model step and tool result before the next one starts, which is LangGraph's
+``durability="sync"``. The ratios of the other benchmarks compare with the peer in ``sync``
+mode, the same guarantee; the peer's rows show both modes.
+
 ``python -m bench.peer_langgraph [--smoke]`` prints the peer's own rows.
 """
 
@@ -34,6 +40,9 @@ from typing import Annotated, Any, TypedDict, cast
 from bench import common
 
 NOT_INSTALLED = "peer not installed (uv sync --extra bench)"
+#: The durability of the peer our figures are compared with (see the module docstring).
+SAME_GUARANTEE = "sync"
+MODES = ("sync", "async")
 
 
 def available() -> bool:
@@ -115,7 +124,9 @@ def _instant_graph(steps: int, calls: list[float], checkpointer: Any) -> Any:
     return graph.compile(checkpointer=checkpointer)
 
 
-def _step_overhead(url: str, steps: int, runs: int, repeats: int) -> dict[str, Any]:
+def _step_overhead(
+    url: str, steps: int, runs: int, repeats: int, durability: str
+) -> dict[str, Any]:
     from langchain_core.messages import HumanMessage
     from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -131,7 +142,11 @@ def _step_overhead(url: str, steps: int, runs: int, repeats: int) -> dict[str, A
                     "configurable": {"thread_id": uuid.uuid4().hex},
                     "recursion_limit": 10_000,
                 }
-                graph.invoke({"messages": [HumanMessage("Bench")], "steps": 0}, config)
+                graph.invoke(
+                    {"messages": [HumanMessage("Bench")], "steps": 0},
+                    config,
+                    durability=durability,
+                )
                 deltas += [(b - a) * 1000 for a, b in itertools.pairwise(calls)]
             if repeat:
                 p50s.append(statistics.median(deltas))
@@ -188,7 +203,9 @@ def _http_graph(model_url: str, http: Any, checkpointer: Any) -> Any:
     return graph.compile(checkpointer=checkpointer)
 
 
-async def _throughput_async(url: str, model_url: str, runs: int, steps: int) -> dict[str, Any]:
+async def _throughput_async(
+    url: str, model_url: str, runs: int, steps: int, durability: str
+) -> dict[str, Any]:
     import httpx2
     from langchain_core.messages import HumanMessage
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -209,7 +226,8 @@ async def _throughput_async(url: str, model_url: str, runs: int, steps: int) -> 
             started = time.perf_counter()
             spec = common.bench_goal_inputs(tag=f"peer{n}", steps=steps - 1)["spec"]
             config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 1000}
-            await graph.ainvoke({"messages": [HumanMessage(f"Bench {spec}")], "steps": 0}, config)
+            state = {"messages": [HumanMessage(f"Bench {spec}")], "steps": 0}
+            await graph.ainvoke(state, config, durability=durability)
             durations.append(time.perf_counter() - started)
 
         started = time.perf_counter()
@@ -218,12 +236,13 @@ async def _throughput_async(url: str, model_url: str, runs: int, steps: int) -> 
     return {"steps_per_s": runs * steps / elapsed, "max_run_s": max(durations), "wall_s": elapsed}
 
 
-def _throughput(url: str, runs: int, steps: int, repeats: int) -> dict[str, Any]:
+def _throughput(url: str, runs: int, steps: int, repeats: int, durability: str) -> dict[str, Any]:
     logs = common.log_dir("peer-throughput")
     model = common.ModelServerProc(logs, latency=0.05).start()
     try:
         results = [
-            asyncio.run(_throughput_async(url, model.url, runs, steps)) for _ in range(repeats)
+            asyncio.run(_throughput_async(url, model.url, runs, steps, durability))
+            for _ in range(repeats)
         ]
     finally:
         model.stop()
@@ -239,7 +258,7 @@ def _throughput(url: str, runs: int, steps: int, repeats: int) -> dict[str, Any]
 # --- resume after a human decision -------------------------------------------------------------
 
 
-def _resume(url: str, history: int, samples: int) -> dict[str, Any]:
+def _resume(url: str, history: int, samples: int, durability: str) -> dict[str, Any]:
     import psycopg
     from langchain_core.messages import AIMessage, HumanMessage
     from langgraph.checkpoint.postgres import PostgresSaver
@@ -285,7 +304,8 @@ def _resume(url: str, history: int, samples: int) -> dict[str, Any]:
         threads = []
         for _ in range(samples + 1):
             config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 10_000}
-            build(saver).invoke({"messages": [HumanMessage("Bench")], "steps": 0}, config)
+            state = {"messages": [HumanMessage("Bench")], "steps": 0}
+            build(saver).invoke(state, config, durability=durability)
             threads.append(config)
     for n, config in enumerate(threads):
         marks.clear()
@@ -294,7 +314,8 @@ def _resume(url: str, history: int, samples: int) -> dict[str, Any]:
         with psycopg.connect(
             url, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn:
-            build(PostgresSaver(conn)).invoke(Command(resume={"approved": True}), config)
+            graph = build(PostgresSaver(conn))
+            graph.invoke(Command(resume={"approved": True}), config, durability=durability)
         if n:  # the first one warms up
             latencies.append((marks["started"] - started) * 1000)
     return {
@@ -320,19 +341,30 @@ def _cached(key: tuple[Any, ...], measure: Any) -> dict[str, Any]:
     return _cache[key]
 
 
-def step_overhead(steps: int, smoke: bool = False) -> dict[str, Any]:
+def step_overhead(
+    steps: int, smoke: bool = False, durability: str = SAME_GUARANTEE
+) -> dict[str, Any]:
     runs, repeats = (1, 1) if smoke else ((10, 3) if steps <= 20 else (3, 3))
-    return _cached(("steps", steps, smoke), lambda url: _step_overhead(url, steps, runs, repeats))
+    return _cached(
+        ("steps", steps, smoke, durability),
+        lambda url: _step_overhead(url, steps, runs, repeats, durability),
+    )
 
 
-def throughput(smoke: bool = False) -> dict[str, Any]:
+def throughput(smoke: bool = False, durability: str = SAME_GUARANTEE) -> dict[str, Any]:
     runs, steps, repeats = (10, 3, 1) if smoke else (200, 10, 3)
-    return _cached(("throughput", smoke), lambda url: _throughput(url, runs, steps, repeats))
+    return _cached(
+        ("throughput", smoke, durability),
+        lambda url: _throughput(url, runs, steps, repeats, durability),
+    )
 
 
-def resume(history: int, smoke: bool = False) -> dict[str, Any]:
+def resume(history: int, smoke: bool = False, durability: str = SAME_GUARANTEE) -> dict[str, Any]:
     samples = 3 if smoke else 30
-    return _cached(("resume", history, smoke), lambda url: _resume(url, history, samples))
+    return _cached(
+        ("resume", history, smoke, durability),
+        lambda url: _resume(url, history, samples, durability),
+    )
 
 
 def run(smoke: bool = False) -> list[dict[str, Any]]:
@@ -343,24 +375,39 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
             )
         ]
     rows = []
+    for durability in MODES:
+        rows += _rows(durability, smoke)
+    return rows
+
+
+def _mode(durability: str) -> str:
+    same = " (our guarantee: the ratios compare with it)" if durability == SAME_GUARANTEE else ""
+    return f'durability="{durability}"{same}'
+
+
+def _rows(durability: str, smoke: bool) -> list[dict[str, Any]]:
+    rows = []
     for steps in (20, 100):
-        peer = step_overhead(steps, smoke)
+        peer = step_overhead(steps, smoke, durability)
         rows.append(
             common.row(
-                f"peer: LangGraph + PostgresSaver per-step overhead, {steps}-step runs",
+                f"peer: LangGraph + PostgresSaver per-step overhead, {steps}-step runs, "
+                f"{durability}",
                 "reference",
                 passed=None,
                 median_ms=peer.get("p50"),
                 p99_ms=_round(peer.get("p99")),
                 spread=peer.get("spread"),
                 note=peer.get("note"),
+                durability=_mode(durability),
                 reference="issue: 6.0 ms at 20 steps, 8.1 ms at 100",
             )
         )
-    peer = throughput(smoke)
+    peer = throughput(smoke, durability)
     rows.append(
         common.row(
-            "peer: LangGraph + PostgresSaver 200 runs x 10 steps, 50 ms model, one process",
+            "peer: LangGraph + PostgresSaver 200 runs x 10 steps, 50 ms model, one process, "
+            f"{durability}",
             "reference",
             passed=None,
             median=peer.get("steps_per_s"),
@@ -368,19 +415,22 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
             spread=peer.get("spread"),
             max_run_s=_round(peer.get("max_run_s")),
             note=peer.get("note"),
+            durability=_mode(durability),
             reference="issue: ~118 steps/s",
         )
     )
     for history in (2, 50):
-        peer = resume(history, smoke)
+        peer = resume(history, smoke, durability)
         rows.append(
             common.row(
-                f"peer: LangGraph resume (new connection) to tool start, {history} prior steps",
+                f"peer: LangGraph resume (new connection) to tool start, {history} prior steps, "
+                f"{durability}",
                 "reference",
                 passed=None,
                 median_ms=peer.get("p50"),
                 p99_ms=_round(peer.get("p99")),
                 note=peer.get("note"),
+                durability=_mode(durability),
                 reference="issue: p50 ~20 ms, p99 ~33 ms",
             )
         )

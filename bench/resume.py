@@ -132,7 +132,8 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
         if peer.get("p50") is not None:
             fields = {
                 "ratio": common.ratio(p50[history], peer["p50"]),
-                "reference": f"LangGraph + PostgresSaver resume from a new connection p50 "
+                "reference": "LangGraph + PostgresSaver (durability=sync) resume from a new "
+                f"connection p50 "
                 f"{peer['p50']:.1f} ms, p99 {peer['p99']:.1f} ms (same run)",
             }
         rows.append(

@@ -254,7 +254,7 @@ def _peer_fields(ours: float, peer: dict[str, Any] | None) -> dict[str, Any]:
         return {"reference": f"LangGraph + PostgresSaver: {note}"}
     return {
         "ratio": common.ratio(ours, peer["p50"]),
-        "reference": f"LangGraph + PostgresSaver p50 {peer['p50']:.2f} ms "
+        "reference": f"LangGraph + PostgresSaver, durability=sync, p50 {peer['p50']:.2f} ms "
         f"(p99 {peer['p99']:.2f}), same loop, same run",
         "reference_median_ms": round(peer["p50"], 3),
     }

@@ -163,8 +163,8 @@ def _peer_fields(ours: float, peer: dict[str, Any]) -> dict[str, Any]:
         }
     return {
         "ratio": common.ratio(ours, rate),
-        "reference": f"LangGraph + AsyncPostgresSaver {rate:.1f} steps/s (one process, same "
-        f"model server, same run; longest run {peer['max_run_s']:.2f} s)",
+        "reference": f"LangGraph + AsyncPostgresSaver, durability=sync, {rate:.1f} steps/s "
+        f"(one process, same model server, same run; longest run {peer['max_run_s']:.2f} s)",
         "reference_median": round(rate, 2),
     }
 

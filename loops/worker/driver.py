@@ -35,6 +35,10 @@ from orchestrator.runtime.model_client import close_http_pool, pool_http_connect
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+#: Runs a poll claims at once (nudges bring the bulk of the work, spread over the workers).
+POLL_BATCH = 10
+#: An event loop slower than this to come back is busy: its driver leaves work to its peers.
+BUSY_LOOP_SECONDS = 0.005
 
 
 def _owner_name() -> str:
@@ -71,6 +75,9 @@ class RunDriver:
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._claiming: set[asyncio.Future[int]] = set()
+        #: Work may be waiting for a slot (a nudge found the driver full, or a poll filled
+        #: it): claim by poll as soon as a run ends.
+        self._work_waiting = False
         self.accepting = True
         self._wake: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
@@ -134,8 +141,8 @@ class RunDriver:
             claim = asyncio.ensure_future(self._claim_and_start(run_id=run_id, limit=1))
             self._claiming.add(claim)  # keep a reference until it is done
             claim.add_done_callback(self._claiming.discard)
-        elif self._wake is not None:
-            self._wake.set()
+        else:
+            self._work_waiting = True
 
     async def _claim_and_start(self, *, run_id: uuid.UUID | None, limit: int) -> int:
         try:
@@ -181,23 +188,41 @@ class RunDriver:
             logger.exception("run %s: driver error", run_id)
         finally:
             self.tasks.pop(run_id, None)
-            if self._wake is not None:
+            # A freed slot is claimed at once only if work may be waiting for one: otherwise
+            # the nudges, which the broker spreads over the workers, bring the work, and a
+            # driver finishing runs does not grab a batch its peers would share.
+            if self._work_waiting and self._wake is not None:
+                self._work_waiting = False
                 self._wake.set()
 
     async def _poll_forever(self) -> None:
+        """The safety net behind the nudges: claim what is due and nobody took (a lost
+        message, a run that waited for a slot), a small batch at a time. A full batch is
+        followed at once by another while this driver keeps up (its event loop answers
+        promptly), else after the poll interval, leaving the rest to its peers."""
         assert self._wake is not None
         while True:
-            if self.accepting and self._free() > 0:
+            claimed, batch = 0, min(self._free(), POLL_BATCH)
+            if self.accepting and batch > 0:
                 # Tracked like a nudge's claim, so shutdown waits for it before releasing.
-                claim = asyncio.ensure_future(
-                    self._claim_and_start(run_id=None, limit=min(self._free(), 50))
-                )
+                claim = asyncio.ensure_future(self._claim_and_start(run_id=None, limit=batch))
                 self._claiming.add(claim)
                 claim.add_done_callback(self._claiming.discard)
-                await asyncio.shield(claim)
+                claimed = await asyncio.shield(claim)
+            if self.accepting and claimed == batch:
+                # A full batch (or no free slot): more runs may be due than were claimed.
+                self._work_waiting = True
+                if batch > 0 and await self._keeping_up():
+                    continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
             self._wake.clear()
+
+    async def _keeping_up(self) -> bool:
+        """Does the event loop come back to us promptly (few callbacks queued ahead)?"""
+        started = self.loop.time()
+        await asyncio.sleep(0)
+        return self.loop.time() - started < BUSY_LOOP_SECONDS
 
     async def _heartbeat_forever(self) -> None:
         while True:

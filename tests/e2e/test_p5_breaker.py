@@ -52,6 +52,8 @@ COOLDOWN = 2
 CLIENT_TIMEOUT = 1
 RUNS = 3
 WAIT = 300
+#: How long a provider's answer may take to reach its worker and be counted, on a busy machine.
+ANSWER_IN_FLIGHT_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -192,10 +194,14 @@ def test_an_outage_opens_the_breaker_probes_sparingly_and_the_runs_complete_afte
     opened = [(at, s) for at, s in watch.seen if s.state is BreakerState.OPEN]
     assert opened, [s.state for s in watch.states()]
     first_open = min(s.opened_at or at for at, s in opened)
-    # Failures the workers had seen when it opened (a request already on the wire then fails
-    # after the trip, and is not one of the failures that opened it).
+    # Failures the workers had seen when it opened: a request already on the wire then fails
+    # after the trip, and is not one of the failures that opened it; nor is a failure the
+    # provider answered moments before the trip, whose answer had not reached its worker yet
+    # (three runs call at once: the answer and the worker's count are not one instant).
     failed_before = [
-        h for h in provider.hits if h.failed_at is not None and h.failed_at < first_open
+        h
+        for h in provider.hits
+        if h.failed_at is not None and h.failed_at < first_open - ANSWER_IN_FLIGHT_SECONDS
     ]
     assert 1 <= len(failed_before) <= 5, (first_open, provider.hits)
 
