@@ -427,15 +427,7 @@ def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
         try:
             run.cursor["workdir"] = workspace_ensure(run.id, run.repository)
         except WorkspaceError as exc:
-            run_transition(
-                run_id=run.id,
-                to=RunStatus.FAILED,
-                actor=lease.owner,
-                lease=lease,
-                event_type="workspace.failed",
-                fields={"terminal_reason": "workspace_error", "failure_reason": str(exc)},
-            )
-            return RunStatus.FAILED.value
+            return _fail_for_workspace(lease, run, exc)
         fields["cursor"] = run.cursor
     run_transition(
         run_id=run.id,
@@ -558,16 +550,21 @@ def _workspace_for_started(lease: Lease, run: RunState) -> str:
     try:
         workspace_ensure(run.id, run.repository)
     except WorkspaceError as exc:
-        run_transition(
-            run_id=run.id,
-            to=RunStatus.FAILED,
-            actor=lease.owner,
-            lease=lease,
-            event_type="workspace.failed",
-            fields={"terminal_reason": "workspace_error", "failure_reason": str(exc)},
-        )
-        return RunStatus.FAILED.value
+        return _fail_for_workspace(lease, run, exc)
     return run.status
+
+
+def _fail_for_workspace(lease: Lease, run: RunState, exc: WorkspaceError) -> str:
+    """A run whose workspace cannot be made fails with the reason."""
+    run_transition(
+        run_id=run.id,
+        to=RunStatus.FAILED,
+        actor=lease.owner,
+        lease=lease,
+        event_type="workspace.failed",
+        fields={"terminal_reason": "workspace_error", "failure_reason": str(exc)},
+    )
+    return RunStatus.FAILED.value
 
 
 def _load_and_prepare(lease: Lease, retry: float) -> tuple[RunState, str]:

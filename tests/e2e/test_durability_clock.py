@@ -46,6 +46,7 @@ from tests.support.chaos import (
     libfaketime,
     log_tails,
 )
+from tests.support.claims import start_claimed
 from tests.support.factories import make_pattern, make_run
 from tests.support.workers import WorkerProcess, wait_for
 
@@ -107,10 +108,7 @@ def test_a_retry_delay_is_measured_on_the_database_clock() -> None:
     120 s ahead parks a 30 s retry for 150 s, and one 120 s behind retries at once."""
     make_run()
     [claim] = run_claim(owner="skewed", lease_seconds=30)
-    if claim.status == RunStatus.PREPARING:  # else its claim started it
-        transitions.run_transition(
-            run_id=claim.lease.run_id, to=RunStatus.RUNNING, actor="skewed", lease=claim.lease
-        )
+    start_claimed(claim)
     with time_machine.travel(timezone.now() + SKEW, tick=True):
         engine._park_for_retry(claim.lease, "endpoint down", 30)
     run = LoopRun.objects.get(pk=claim.lease.run_id)

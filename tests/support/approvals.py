@@ -42,14 +42,12 @@ from loops.models import (
     LoopPattern,
     LoopRun,
     LoopStep,
-    RunStatus,
     StepStatus,
 )
 from loops.services.claims import run_claim
 from loops.services.patterns import pattern_create
 from loops.services.runs import run_trigger
 from loops.services.steps import step_begin, step_record
-from loops.services.transitions import run_transition
 from loops.worker.engine import _conclude_invocation, drive_run, load_run_state
 from orchestrator.agents.invoker import role_tool_policy
 from orchestrator.runtime.loop import ToolLoopInvoker
@@ -62,6 +60,7 @@ from orchestrator.runtime.tools import (
     builtin_file_tools,
 )
 from orchestrator.runtime.types import ChatRequest, ChatResponse, ToolCall, ToolSpec, Usage
+from tests.support.claims import start_claimed
 from tests.support.model_server import Completion, RecordedRequest
 
 LEADER, MAKER, VERIFIER = "appr-leader", "appr-maker", "appr-verifier"
@@ -305,14 +304,7 @@ def park_directly(
     run = run_trigger(pattern=pattern, actor="test", inputs={"label": "direct"})
     [claim] = run_claim(owner="test-parker", lease_seconds=300, run_id=run.id)
     lease = claim.lease
-    if claim.status == RunStatus.PREPARING:  # else its claim started it
-        run_transition(
-            run_id=run.id,
-            to=RunStatus.RUNNING,
-            actor=lease.owner,
-            lease=lease,
-            event_type="run.started",
-        )
+    start_claimed(claim, event_type="run.started")
     invocation = "maker:0" if role == Role.MAKER else role.value
     wire = [
         {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}

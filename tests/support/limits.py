@@ -21,15 +21,16 @@ from unittest import mock
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from loops.invokers import InvocationOutcome, InvocationRequest, StepJournal
-from loops.models import LoopPattern, LoopRun, RunStatus
+from loops.models import LoopPattern, LoopRun
 from loops.policy import PatternPolicy
 from loops.services.claims import run_claim
-from loops.services.transitions import Lease, run_transition
+from loops.services.transitions import Lease
 from loops.worker.engine import drive_run
 from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
 from orchestrator.runtime.policy import ToolPolicy
 from orchestrator.runtime.tools import ToolRegistry
 from orchestrator.runtime.types import ChatRequest, ChatResponse, ToolCall, Usage
+from tests.support.claims import start_claimed
 from tests.support.factories import make_pattern, make_run
 from tests.support.fake_model import RecordingTool
 
@@ -55,10 +56,7 @@ def running_run(
     pattern = pattern or make_pattern()
     run = make_run(pattern, policy_snapshot=snapshot(policy or pattern.policy))
     [claim] = run_claim(owner=owner, lease_seconds=300, run_id=run.id)
-    if claim.status == RunStatus.PREPARING:  # else its claim started it
-        run_transition(
-            run_id=run.id, to=RunStatus.RUNNING, actor=owner, lease=claim.lease, event_type="t"
-        )
+    start_claimed(claim, event_type="t")
     return LoopRun.objects.get(pk=run.id), claim.lease
 
 
