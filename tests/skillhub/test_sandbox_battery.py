@@ -9,6 +9,7 @@ not see each other; each case then has its own test that checks its result, the 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import shutil
@@ -114,7 +115,8 @@ def processes_with(needle: str) -> list[int]:
     return found
 
 
-def processes_of_uids(low: int, high: int) -> list[int]:
+def uid_processes(low: int, high: int) -> list[tuple[int, int]]:
+    """(pid, uid) of every live process with a uid in [low, high)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -125,11 +127,44 @@ def processes_of_uids(low: int, high: int) -> list[int]:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         uids = {int(u) for u in fields.get("Uid", "").split()}
-        if fields.get("State", "").strip()[:1] not in ("Z", "X") and any(
-            low <= u < high for u in uids
-        ):
-            found.append(int(name))
+        if fields.get("State", "").strip()[:1] not in ("Z", "X"):
+            found += [(int(name), u) for u in sorted(uids) if low <= u < high][:1]
     return found
+
+
+def slot_is_held(config: SandboxConfig, index: int) -> bool:
+    """Whether a live sandbox run (of this or any other process on the host) holds the slot."""
+    try:
+        fd = os.open(Path(config.slot_dir) / f"slot-{index}.lock", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor also drops a lock taken just now
+    return False
+
+
+def leaked_sandbox_processes(config: SandboxConfig, grace_seconds: float = 3.0) -> list[int]:
+    """Processes of sandbox uids that no live run accounts for.
+
+    The uid slots are host-wide: the other xdist worker may be running a sandbox right now, and
+    its processes are not a leak while its run holds the slot. A process in a free slot (or of
+    the probe uid, which no run holds) is one, once the grace for a process still exiting ends.
+    """
+    deadline = time.monotonic() + grace_seconds
+    while True:
+        leaked = [
+            pid
+            for pid, uid in uid_processes(config.uid_base, config.uid_base + config.uid_slots + 1)
+            if uid - config.uid_base >= config.uid_slots
+            or not slot_is_held(config, uid - config.uid_base)
+        ]
+        if not leaked or time.monotonic() >= deadline:
+            return leaked
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -723,7 +758,7 @@ def battery(host: Host) -> Battery:
     outcomes = asyncio.run(run_battery(cases))
     seconds = time.monotonic() - started
     config = SandboxConfig.from_env()
-    leftovers = processes_of_uids(config.uid_base, config.uid_base + config.uid_slots + 1)
+    leftovers = leaked_sandbox_processes(config)
     print(f"\nS1 battery: {len(cases)} sandboxed runs in {seconds:.1f} s")
     return Battery({c.key: c for c in cases}, outcomes, seconds, leftovers)
 
