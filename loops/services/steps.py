@@ -664,17 +664,16 @@ def step_event(lease: Lease, *, type: str, data: dict[str, Any]) -> int:
 
 
 def steps_of_invocation(run_id: uuid.UUID, invocation: str) -> list[StepRecord]:
-    rows = LoopStep.objects.filter(run_id=run_id, invocation=invocation).order_by("seq")
-    return [
-        StepRecord(
-            seq=s.seq,
-            kind=s.kind,
-            status=s.status,
-            name=s.name,
-            idempotency_key=s.idempotency_key,
-            request=s.request,
-            response=s.response,
-            error=s.error,
-        )
-        for s in rows
-    ]
+    """The invocation's journal in order (a resume replays it): the columns it needs as tuples,
+    no model instances (their construction grew the cost of a resume with its history)."""
+    rows = (
+        LoopStep.objects.filter(run_id=run_id, invocation=invocation)
+        .order_by("seq")
+        .values_list(*_RECORD_FIELDS)
+    )
+    return [StepRecord(*row) for row in rows]
+
+
+_RECORD_FIELDS = (
+    "seq", "kind", "status", "name", "idempotency_key", "request", "response", "error"
+)  # fmt: skip

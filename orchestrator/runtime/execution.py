@@ -199,8 +199,9 @@ class StepExecutor:
                 results[planned.index] = await self._answer(entry, planned)
         if not gated:
             runs.extend(approved)
-        for index, content in await run_bounded(runs, self.limits.concurrency):
-            results[index] = content
+        if runs:  # a replayed step has none: it costs no tasks
+            for index, content in await run_bounded(runs, self.limits.concurrency):
+                results[index] = content
         return Settlement(results, gated)
 
     def _request(self, entry: ModelEntry, planned: PlannedCall, arguments: Any) -> dict[str, Any]:

@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from jsonschema import Draft202012Validator
-
 from loops.invokers import (
     InvocationOutcome,
     InvocationRequest,
@@ -60,7 +58,7 @@ from orchestrator.runtime.types import (
     ModelClient,
     ResponseFormat,
 )
-from orchestrator.runtime.validation import Invalid, parse_json_lenient
+from orchestrator.runtime.validation import Invalid, parse_json_lenient, validator_for
 
 T = TypeVar("T")
 
@@ -164,9 +162,7 @@ class OutputFormat:
         if not isinstance(parsed.value, dict):
             return Invalid("it must be a JSON object.")
         if self.schema is not None:
-            errors = [
-                e.message for e in Draft202012Validator(self.schema).iter_errors(parsed.value)
-            ]
+            errors = [e.message for e in validator_for(self.schema).iter_errors(parsed.value)]
             if errors:
                 return Invalid(f"it does not match the required schema ({'; '.join(errors[:5])}).")
         return parsed.value

@@ -266,6 +266,25 @@ def _schema_summary(schema: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "no parameters"
 
 
+#: Validators by ``id`` of their schema, each entry holding the schema itself: the id cannot be
+#: reused while the entry lives, and the identity check below rejects any other mapping. Building
+#: a validator (its reference registry) cost more than validating a call's arguments with it.
+_VALIDATORS: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
+_VALIDATORS_MAX = 512
+
+
+def validator_for(schema: Mapping[str, Any]) -> Draft202012Validator:
+    """The validator of a tool's parameter schema, built once per schema object."""
+    cached = _VALIDATORS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    if len(_VALIDATORS) >= _VALIDATORS_MAX:
+        _VALIDATORS.clear()  # schemas come and go with MCP servers and skills: stay bounded
+    validator = Draft202012Validator(schema)
+    _VALIDATORS[id(schema)] = (schema, validator)
+    return validator
+
+
 def validate_arguments(
     tool_name: str, raw: str, schema: Mapping[str, Any]
 ) -> ValidArguments | Invalid:
@@ -280,7 +299,7 @@ def validate_arguments(
         )
     arguments, coercions = _coerce_properties(parsed.value, schema)
     errors = sorted(
-        Draft202012Validator(schema).iter_errors(arguments),
+        validator_for(schema).iter_errors(arguments),
         key=lambda error: [str(part) for part in error.path],
     )
     if errors:

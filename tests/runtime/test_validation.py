@@ -17,6 +17,7 @@ from orchestrator.runtime.validation import (
     near_name,
     parse_json_lenient,
     validate_arguments,
+    validator_for,
 )
 
 SCHEMA = {
@@ -175,3 +176,16 @@ def test_arguments_must_be_an_object() -> None:
     checked = validate_arguments("read", '["a.txt"]', SCHEMA)
     assert isinstance(checked, Invalid)
     assert "must be a JSON object" in checked.message
+
+
+def test_a_schema_validator_is_built_once_per_schema_object() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert validator_for(schema) is validator_for(schema)
+    # An equal mapping is another schema object: it gets its own validator, never a stale one.
+    twin = json.loads(json.dumps(schema))
+    assert validator_for(twin) is not validator_for(schema)
+    assert validator_for(twin).schema is twin
+    # Cached or not, the verdicts are those of the schema.
+    assert isinstance(validate_arguments("t", '{"n": 1}', schema), ValidArguments)
+    assert isinstance(validate_arguments("t", '{"n": "x"}', schema), Invalid)
+    assert isinstance(validate_arguments("t", "{}", twin), Invalid)
