@@ -260,7 +260,9 @@ class _SentTogether(Batch):
             if position:
                 self.cursor.nextset()
             if result is not None:
-                if self.cursor.description is not None:
+                # The result's status, not ``description`` (which builds every column's object).
+                pgresult = self.cursor.pgresult
+                if pgresult is not None and pgresult.status == _TUPLES_OK:
                     result.rows = list(self.cursor.fetchall())
                 result.rowcount = self.cursor.rowcount
         self.queued.clear()
@@ -269,6 +271,8 @@ class _SentTogether(Batch):
         self.queued.append((b"COMMIT", None))
         self.sync()
 
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 #: The statements prepared on each PostgreSQL connection (by name), kept with the connection.
 _PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()

@@ -33,6 +33,7 @@ day's budget is one shared pool whatever each run pinned.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import uuid
 from collections.abc import Iterable, Mapping
@@ -185,6 +186,9 @@ class RunLimits:
     daily: dict[str, Decimal]
     tool_loop: ToolLoopPolicy
     day: str
+    #: MD5s of the two JSON texts the limits were read from, as the database renders them
+    #: (None when they came decoded): :func:`fence_unchanged_sql` proves them unchanged.
+    fingerprint: tuple[str, str] | None = None
 
     def sections(self) -> list[tuple[str, str, dict[str, Decimal]]]:
         """(kind, scope, limits), per-run first: the order buckets are always touched in."""
@@ -203,6 +207,7 @@ class _Parsed:
     per_run: dict[str, Decimal]
     daily: dict[str, Decimal]
     tool_loop: ToolLoopPolicy
+    fingerprint: tuple[str, str]
 
 
 def _as_text(value: Any) -> str:
@@ -226,7 +231,12 @@ def _parsed(snapshot: str, pattern_policy: str) -> _Parsed:
         per_run=limits_of(pinned.budgets.perRun),
         daily=limits_of(current.budgets.daily),
         tool_loop=pinned.toolLoop,
+        fingerprint=(_md5(snapshot), _md5(pattern_policy)),
     )
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
 
 def limits_from_row(
@@ -239,6 +249,7 @@ def limits_from_row(
     """A run's limits from its row's ``policy_snapshot`` and its pattern's ``policy`` (JSON
     text as raw SQL returns it, or decoded), read by the caller in its own statement."""
     parsed = _parsed(_as_text(snapshot), _as_text(pattern_policy))
+    as_stored = all(value is None or isinstance(value, str) for value in (snapshot, pattern_policy))
     return RunLimits(
         run_id=run_id,
         pattern_id=int(pattern_id),
@@ -246,6 +257,7 @@ def limits_from_row(
         daily=dict(parsed.daily),
         tool_loop=parsed.tool_loop,
         day=daily_scope(int(pattern_id), now or timezone.now()),
+        fingerprint=parsed.fingerprint if as_stored else None,
     )
 
 
@@ -278,6 +290,38 @@ def fence_limits_sql(
     )
     params = [step_increment, event_increment, db.uuid_param(lease.run_id), lease.owner]
     return sql, [*params, lease.token, *([] if steps_before is None else [steps_before])]
+
+
+def fence_unchanged_sql(
+    lease: Lease,
+    limits: RunLimits,
+    *,
+    steps_before: int,
+    step_increment: int,
+    call_hash: str,
+    occurrences_below: int,
+) -> tuple[str, list[Any]]:
+    """The fence of :func:`fence_limits_sql` (PostgreSQL) that also requires what made a write
+    plain when the caller last read the run: the run has exactly ``steps_before`` steps, its
+    policy snapshot and its pattern's policy are the texts ``limits`` were read from (their
+    MD5s), and fewer than ``occurrences_below`` earlier tool steps carry ``call_hash``. It
+    returns the new step count, or no row when anything differs (or the lease is lost), and
+    then changes nothing: statements guarded by that step count (``step_sql``) write nothing
+    either, and the caller reads the run again."""
+    assert limits.fingerprint is not None
+    sql = (
+        "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
+        f"updated_at = {db.now_sql()}, model_call_token = NULL "
+        "WHERE id = %s AND lease_owner = %s AND lease_token = %s AND step_count = %s "
+        "AND md5(COALESCE(policy_snapshot::text, '')) = %s "
+        "AND md5(COALESCE((SELECT p.policy::text FROM loops_looppattern p "
+        "WHERE p.id = loops_looprun.pattern_id), '')) = %s "
+        "AND (SELECT COUNT(*) FROM loops_loopstep s WHERE s.run_id = loops_looprun.id "
+        "AND s.call_hash = %s AND s.kind = 'tool') < %s "
+        "RETURNING step_count"
+    )
+    params = [step_increment, lease.run_id, lease.owner, lease.token, steps_before]
+    return sql, [*params, *limits.fingerprint, call_hash, occurrences_below]
 
 
 def limits_from_fence(lease: Lease, rows: list[tuple[Any, ...]]) -> tuple[int, int, RunLimits]:

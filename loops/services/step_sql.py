@@ -99,20 +99,32 @@ def step_row(**values: Any) -> dict[str, Any]:
     }
 
 
+#: The fence, and the run's step count as a guarded fence (``budgets.fence_unchanged_sql``)
+#: leaves it when it matched: a statement with it writes nothing after a fence that did not.
+FENCE_AT_COUNT = f"{FENCE} AND r.step_count = %s"
+
+
 @functools.cache
-def _insert_sql() -> str:
+def _insert_sql(guarded: bool) -> str:
     columns = ", ".join(["run_id", "seq", *(_column(name) for name in _STEP_COLUMNS)])
     values = ", ".join(["%s"] * len(_STEP_COLUMNS))
+    fence = FENCE_AT_COUNT if guarded else FENCE
     return (
         f"INSERT INTO {LoopStep._meta.db_table} ({columns}) "
-        f"SELECT r.id, r.step_count - %s, {values} FROM loops_looprun r WHERE {FENCE}"
+        f"SELECT r.id, r.step_count - %s, {values} FROM loops_looprun r WHERE {fence}"
     )
 
 
-def insert_step(lease: Lease, row: dict[str, Any], *, seq_back: int = 0) -> Statement:
+def insert_step(
+    lease: Lease, row: dict[str, Any], *, seq_back: int = 0, step_count: int | None = None
+) -> Statement:
     """INSERT a step of the fenced run whose seq is the run's ``step_count`` (as the fence just
-    raised it) minus ``seq_back``; nothing when the lease is lost."""
-    return _insert_sql(), [seq_back, *_prepared(row, _STEP_COLUMNS), *fence_params(lease)]
+    raised it) minus ``seq_back``; nothing when the lease is lost (or, with ``step_count``,
+    when the run does not have exactly that many steps)."""
+    params = [seq_back, *_prepared(row, _STEP_COLUMNS), *fence_params(lease)]
+    if step_count is None:
+        return _insert_sql(False), params
+    return _insert_sql(True), [*params, step_count]
 
 
 def step_result(
@@ -183,7 +195,12 @@ def occurrences(lease: Lease, digest: str) -> Statement:
 
 
 def usage_add(
-    lease: Lease, amounts: dict[str, Decimal], day: str, *, high_water: tuple[str, ...] = ()
+    lease: Lease,
+    amounts: dict[str, Decimal],
+    day: str,
+    *,
+    high_water: tuple[str, ...] = (),
+    step_count: int | None = None,
 ) -> Statement:
     """Add ``amounts`` (metric → n) to the run's buckets and to its pattern's day ``day`` (an
     ISO date), whatever their limits, in the one order every writer takes them: the run's
@@ -192,7 +209,7 @@ def usage_add(
 
     ``high_water`` (metered metrics charged here) also keeps each one's largest single charge
     of the day (``<metric>:max_call``, which admissions on a shared daily budget weigh), after
-    the counts.
+    the counts. ``step_count`` guards it as it guards :func:`insert_step`.
     """
     metrics = sorted(amounts)
     day_rows = [("", metric, amounts[metric]) for metric in metrics]
@@ -204,7 +221,8 @@ def usage_add(
         "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "
         "SELECT CASE WHEN v.column2 = '' THEN 'pattern:' || CAST(r.pattern_id AS TEXT) || %s "
         f"ELSE v.column2 END, v.column3, CAST(v.column4 AS NUMERIC), {now} "
-        f"FROM (VALUES {values}) AS v, loops_looprun r WHERE {FENCE} "
+        f"FROM (VALUES {values}) AS v, loops_looprun r "
+        f"WHERE {FENCE if step_count is None else FENCE_AT_COUNT} "
         "ORDER BY CAST(v.column1 AS INTEGER) "
         "ON CONFLICT (scope, metric) DO UPDATE SET value = CASE WHEN excluded.metric LIKE "
         "'%%:max_call' THEN (CASE WHEN excluded.value > loops_usagebucket.value THEN "
@@ -214,7 +232,8 @@ def usage_add(
     params: list[Any] = [f":{day}"]
     for ordinal, (scope, metric, n) in enumerate(rows):
         params += [ordinal, scope, metric, _number(n)]
-    return sql, [*params, *fence_params(lease)]
+    guard = [] if step_count is None else [step_count]
+    return sql, [*params, *fence_params(lease), *guard]
 
 
 def _number(value: Decimal) -> Any:

@@ -9,7 +9,7 @@ crash never leaves a step without its count or a count without its step.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -140,6 +140,8 @@ class ReadRule:
 
     warn_at: int
     judged: bool
+    #: The limits the rule was made from (for :func:`tool_step_record`'s one-round-trip write).
+    limits: budgets.RunLimits | None = field(default=None, compare=False)
 
     def runs_first(self, name: str, occurrence: int) -> bool:
         return (
@@ -154,7 +156,9 @@ _TOOL_METRICS = frozenset({"toolCalls", "delegations"})
 def read_rule(limits: budgets.RunLimits) -> ReadRule:
     counted = _TOOL_METRICS.intersection({*limits.per_run, *limits.daily})
     return ReadRule(
-        warn_at=limits.tool_loop.warnAt, judged=bool(counted) or budgets.metered(limits)
+        warn_at=limits.tool_loop.warnAt,
+        judged=bool(counted) or budgets.metered(limits),
+        limits=limits,
     )
 
 
@@ -233,6 +237,7 @@ def tool_step_begin(
     idempotency_key: str = "",
     status: StepStatus = StepStatus.STARTED,
     model_step: ModelStep | None = None,
+    expected: ReadRule | None = None,
 ) -> ToolStart:
     """Persist a tool call about to run (or gated), under the run's limits.
 
@@ -247,7 +252,10 @@ def tool_step_begin(
 
     The usual call (nothing to judge) is one transaction in two round trips on PostgreSQL: the
     fence with the run's limits and the duplicate-call count, then the steps, their counts and
-    the commit. Anything else is rolled back and written by :func:`_tool_step_begin_exact`.
+    the commit; one round trip when ``expected`` (the run's rule as the caller last saw it)
+    says the call is plain and the database confirms nothing it rests on changed
+    (:func:`_steps_unchanged`). Anything else is rolled back and written by
+    :func:`_tool_step_begin_exact`.
     """
     digest = toolloop.call_hash(name, toolloop.arguments_of(request))
     amounts = budgets.tool_call_amounts(name)
@@ -263,7 +271,8 @@ def tool_step_begin(
         call_hash=digest,
     )
     try:
-        seq, rule = _steps_batch(lease, row, digest, amounts, model_step)
+        written = _steps_unchanged(lease, row, digest, amounts, model_step, expected)
+        seq, rule = written or _steps_batch(lease, row, digest, amounts, model_step)
     except _NotPlain:
         if model_step is not None:
             model_step_write(lease, model_step)
@@ -313,6 +322,58 @@ def _steps_batch(
     return seq, read_rule(limits)
 
 
+def _steps_unchanged(
+    lease: Lease,
+    row: dict[str, Any],
+    digest: str,
+    amounts: dict[str, int],
+    model_step: ModelStep | None,
+    expected: ReadRule | None,
+) -> tuple[int, ReadRule] | None:
+    """:func:`_steps_batch` in one round trip, when the caller's rule says the write is plain
+    (PostgreSQL): the fence itself requires that nothing the judgement rests on changed since
+    that rule was read (``budgets.fence_unchanged_sql``), and every other statement requires
+    the step count that fence leaves, so the batch is committed without waiting for its
+    answer. None when it does not apply or its fence matched nothing (then nothing was
+    written, and the caller takes the path that reads the run first)."""
+    limits = expected.limits if expected is not None else None
+    if (
+        limits is None
+        or limits.fingerprint is None
+        or model_step is None
+        or model_step.steps_before is None
+        or not db.batches_are_sent_together()
+        or not _plain(limits, amounts, toolloop.Verdict.OK)
+    ):
+        return None
+    policy = limits.tool_loop
+    after = model_step.steps_before + 2
+    usage = {metric: budgets.amount(n) for metric, n in amounts.items()}
+    usage.update(model_step.charged)
+    with db.batch() as batch:
+        fence = batch.add(
+            *budgets.fence_unchanged_sql(
+                lease,
+                limits,
+                steps_before=model_step.steps_before,
+                step_increment=2,
+                call_hash=digest,
+                # judge(earlier + 1) is OK exactly when earlier + 1 is below every threshold.
+                occurrences_below=min(policy.warnAt, policy.blockAt, policy.escalateAt) - 1,
+            )
+        )
+        batch.add(*step_sql.insert_step(lease, model_step.row, seq_back=1, step_count=after))
+        batch.add(*step_sql.insert_step(lease, row, step_count=after))
+        high_water = model_step_charged(model_step)
+        batch.add(
+            *step_sql.usage_add(lease, usage, _day(), high_water=high_water, step_count=after)
+        )
+    if not fence.rows:
+        return None
+    assert expected is not None
+    return int(fence.rows[0][0]), expected
+
+
 def tool_step_record(
     lease: Lease,
     *,
@@ -325,6 +386,7 @@ def tool_step_record(
     error: str,
     started_at: datetime,
     model_step: ModelStep | None = None,
+    expected: ReadRule | None = None,
 ) -> ToolStart:
     """Persist a read-effect call that has already run, with its result, in one write.
 
@@ -338,6 +400,9 @@ def tool_step_record(
     A call with something to judge (a warning, a limit) takes :func:`tool_step_begin`'s exact
     path: it comes back begun but not completed (``started_at`` set), and the caller completes
     it with the run's notice in its result.
+
+    ``expected`` is the run's rule for reads as the caller last saw it: when it says the write
+    is plain, the write is tried in one round trip that proves it still is.
     """
     now = timezone.now()
     digest = toolloop.call_hash(name, toolloop.arguments_of(request))
@@ -359,7 +424,8 @@ def tool_step_record(
         duration_ms=max(0, int((now - started_at).total_seconds() * 1000)),
     )
     try:
-        seq, rule = _steps_batch(lease, row, digest, amounts, model_step)
+        written = _steps_unchanged(lease, row, digest, amounts, model_step, expected)
+        seq, rule = written or _steps_batch(lease, row, digest, amounts, model_step)
     except _NotPlain:
         if model_step is not None:
             model_step_write(lease, model_step)

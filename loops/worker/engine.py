@@ -249,6 +249,7 @@ class DbJournal:
             idempotency_key=idempotency_key,
             status=status,
             model_step=pending,
+            expected=self._rule,
         )
         start = await (self._carrying(write) if pending is not None else write)
         self._wrote(start, name, request)
@@ -293,6 +294,7 @@ class DbJournal:
             error=error,
             started_at=started_at or timezone.now(),
             model_step=pending,
+            expected=self._rule,
         )
         start = await (self._carrying(write) if pending is not None else write)
         self._wrote(start, name, request)

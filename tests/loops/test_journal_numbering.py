@@ -16,8 +16,9 @@ from unittest import mock
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from loops.invokers import Role
-from loops.models import LoopStep
+from loops import db
+from loops.invokers import BudgetExhausted, LeaseLost, Role
+from loops.models import LoopPattern, LoopRun, LoopStep, UsageBucket
 from loops.policy import PatternPolicy
 from loops.services.claims import run_claim
 from loops.services.steps import JournalOutOfStep, step_begin
@@ -139,3 +140,83 @@ def test_a_repeated_read_is_begun_first_once_the_tool_loop_policy_counts_it() ->
         )
     assert not journal.runs_first("read", call)  # the 3rd identical call gets a warning
     assert journal.runs_first("read", {"arguments": {"path": "other"}})
+
+
+# --- the one-round-trip write: it proves the journal's rule still holds, or writes nothing -----
+
+
+def read_step(journal: DbJournal, path: str) -> Any:
+    record_model_step(journal)
+    return run_async(
+        journal.record_call(
+            name="read",
+            request={"arguments": {"path": path}},
+            idempotency_key=f"k-{path}-{journal._steps}",
+            response={"content": "x"},
+        )
+    )
+
+
+def test_a_plain_read_step_is_one_round_trip_and_writes_both_steps_and_their_counts() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    before = db.round_trips()
+    recorded = read_step(journal, "a")
+    if db.batches_are_sent_together():
+        assert db.round_trips() - before == 1
+    steps = list(LoopStep.objects.filter(run_id=lease.run_id).values_list("seq", "kind", "status"))
+    assert steps == [(recorded.seq - 1, "model", "completed"), (recorded.seq, "tool", "completed")]
+    assert LoopRun.objects.get(pk=lease.run_id).step_count == recorded.seq
+    used = UsageBucket.objects.get(scope=f"run:{lease.run_id}", metric="toolCalls").value
+    assert used == 1
+
+
+def test_a_daily_limit_added_after_the_journal_read_the_run_judges_the_next_write() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    read_step(journal, "a")  # the journal's rule: nothing limits tool calls
+    run = LoopRun.objects.get(pk=lease.run_id)
+    LoopPattern.objects.filter(pk=run.pattern_id).update(
+        policy={"budgets": {"daily": {"toolCalls": 1}}}
+    )
+    steps = LoopStep.objects.filter(run_id=lease.run_id).count()
+    with pytest.raises(BudgetExhausted):
+        read_step(journal, "b")
+    # The refused call persisted nothing (its model step is kept, as the exact path does).
+    assert not LoopStep.objects.filter(run_id=lease.run_id, kind="tool", seq__gt=steps).exists()
+
+
+def test_a_raised_run_limit_after_the_journal_read_the_run_is_seen_by_the_next_write() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    read_step(journal, "a")
+    LoopRun.objects.filter(pk=lease.run_id).update(
+        policy_snapshot=PatternPolicy.model_validate(
+            {"budgets": {"perRun": {"toolCalls": 1}}}
+        ).model_dump()
+    )
+    with pytest.raises(BudgetExhausted):
+        read_step(journal, "b")
+
+
+def test_a_call_the_tool_loop_policy_warns_about_is_judged_though_the_rule_said_plain() -> None:
+    lease = leased({"toolLoop": {"warnAt": 3, "blockAt": 4, "escalateAt": 5}})
+    journal = journal_for(lease)
+    read_step(journal, "same")
+    read_step(journal, "same")
+    # The journal would begin a third identical read before running it; written as if it
+    # had run first, with the rule that said plain, the database's count still decides.
+    recorded = read_step(journal, "same")
+    assert recorded.completed is False  # begun by the exact path, to carry the warning
+    assert journal.tool_notice(recorded.seq)
+
+
+def test_a_lost_lease_writes_nothing_in_the_one_round_trip_path() -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    read_step(journal, "a")
+    count = LoopStep.objects.filter(run_id=lease.run_id).count()
+    LoopRun.objects.filter(pk=lease.run_id).update(lease_token=lease.token + 1)
+    with pytest.raises(LeaseLost):
+        read_step(journal, "b")
+    assert LoopStep.objects.filter(run_id=lease.run_id).count() == count
