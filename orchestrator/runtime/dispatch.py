@@ -11,6 +11,7 @@ repetition counters as before the crash; only calls without a persisted result a
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -149,8 +150,13 @@ def _resolve(name: str, toolset: Toolset) -> _Resolved:
     return _Resolved("", None, message)
 
 
-def _arguments(resolved: _Resolved, call: ToolCall) -> tuple[ValidArguments | Invalid, str]:
-    """Validated arguments (when the tool is offered) and the canonical text for repetition."""
+def _arguments(
+    resolved: _Resolved, call: ToolCall, known: ValidArguments | None = None
+) -> tuple[ValidArguments | Invalid, str]:
+    """Validated arguments (when the tool is offered) and the canonical text for repetition.
+    ``known``: what validating this call's arguments gave when it was first planned."""
+    if resolved.spec is not None and known is not None:
+        return known, canonical_json(known.arguments)
     if resolved.spec is not None:
         checked = validate_arguments(resolved.tool, call.arguments, resolved.spec.parameters)
         if isinstance(checked, ValidArguments):
@@ -170,9 +176,10 @@ def _plan_call(
     state: RepetitionState,
     limits: RepetitionLimits,
     step: int,
+    known: ValidArguments | None = None,
 ) -> tuple[PlannedCall, RepetitionState]:
     resolved = _resolve(call.name, toolset)
-    checked, canonical = _arguments(resolved, call)
+    checked, canonical = _arguments(resolved, call, known)
     observed = repetition.observe(state, resolved.tool or call.name, canonical, limits, step=step)
     base = PlannedCall(index, call, Disposition.RUN, resolved.tool)
     return _decide(base, resolved, checked, observed, toolset, limits), observed.state
@@ -225,8 +232,14 @@ def plan_step(
     toolset: Toolset,
     state: RepetitionState,
     limits: RepetitionLimits,
+    validated: Mapping[int, ValidArguments] | None = None,
 ) -> StepPlan:
-    """Decide every call of model step ``step`` (its seq), in the order the model made them."""
+    """Decide every call of model step ``step`` (its seq), in the order the model made them.
+
+    ``validated`` (call index → arguments) is what validating a call's arguments gave when the
+    step was first planned, as its persisted result records it: a replay re-plans the step
+    with them instead of parsing and validating the model's text again (it would arrive at the
+    same arguments; that was most of what a resume's cost grew by with each prior step)."""
     planned: list[PlannedCall] = []
     finalize = False
     for index, call in enumerate(calls):
@@ -234,7 +247,8 @@ def plan_step(
             text = NOT_EXECUTED_AT_LIMIT if phase is not Phase.NORMAL else NOT_EXECUTED_FINALIZING
             planned.append(PlannedCall(index, call, Disposition.NOT_EXECUTED, "", message=text))
             continue
-        decided, state = _plan_call(index, call, toolset, state, limits, step)
+        known = validated.get(index) if validated else None
+        decided, state = _plan_call(index, call, toolset, state, limits, step, known)
         finalize = decided.disposition is Disposition.FINALIZE
         planned.append(decided)
     return StepPlan(planned, state, finalize)

@@ -21,6 +21,7 @@ from typing import Any
 from loops.invokers import StepRecord
 from orchestrator.runtime.dispatch import Phase
 from orchestrator.runtime.types import ChatResponse, Message, ToolCall
+from orchestrator.runtime.validation import ValidArguments
 
 STARTED = "started"
 GATED = "gated"
@@ -78,6 +79,28 @@ class Log:
 
     def result(self, model_seq: int, index: int) -> StepRecord | None:
         return self.results.get((model_seq, index))
+
+    def validated(self, entry: ModelEntry) -> dict[int, ValidArguments]:
+        """The arguments of ``entry``'s calls as they were validated when the step was first
+        planned, for the calls whose persisted result records them: a call that ran (and was
+        not approved, as an approval may edit the arguments), whose request carries them."""
+        known: dict[int, ValidArguments] = {}
+        for index in range(len(entry.calls)):
+            record = self.results.get((entry.seq, index))
+            if record is None or record.status not in FINISHED:
+                continue
+            request = record.request
+            arguments = request.get("arguments")
+            if (
+                request.get("disposition") == "run"
+                and "approval_id" not in request
+                and isinstance(arguments, dict)
+            ):
+                repairs = request.get("repairs")
+                known[index] = ValidArguments(
+                    arguments, tuple(repairs) if isinstance(repairs, list) else ()
+                )
+        return known
 
 
 # --- messages in wire shape ----------------------------------------------------------------

@@ -478,6 +478,7 @@ class _Stepper:
             toolset=self.run.toolset,
             state=conversation.repetition,
             limits=self.run.settings.repetition,
+            validated=self.log.validated(entry),
         )
         conversation.repetition = plan.state
         conversation.finalize = conversation.finalize or plan.finalize or entry.phase is Phase.LAST

@@ -218,3 +218,34 @@ def test_max_files_counts_files_written_before_the_crash(tmp_path: Path) -> None
     [message] = last_tool_messages(model.requests[1])
     assert "at most 1 distinct files and has written a.txt" in message
     assert not (workdir / "b.txt").exists()
+
+
+def test_a_resume_replays_finished_calls_with_their_recorded_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replay re-plans each settled step from what its results record (the validated
+    arguments) instead of validating the model's text again, and reaches the same state: the
+    same tool messages, and the repetition guard still counting the earlier calls."""
+    read = RecordingTool("read")
+    journal = MemoryJournal()
+    journal.crash_after_next("complete", "tool", count=2)
+    first = ScriptedModel(calls(("read", {"p": "a"})), calls(("read", {"p": "a"})))
+    crash(make_invoker(first, [read]), journal)
+
+    from orchestrator.runtime import dispatch
+
+    validated: list[str] = []
+    real = dispatch.validate_arguments
+
+    def counting(name: str, raw: str, schema: object) -> object:
+        validated.append(raw)
+        return real(name, raw, schema)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dispatch, "validate_arguments", counting)
+    model = ScriptedModel(calls(("read", {"p": "a"})), text("ok"))
+    invoke(make_invoker(model, [read]), journal)
+    assert len(validated) == 1  # only the new step's call; the two replayed ones were not
+    assert len(read.finished) == 2  # and the guard still skipped the third identical call
+    [message] = last_tool_messages(model.requests[1])
+    assert message.startswith("Not executed: this is call number 3")
+    assert last_tool_messages(model.requests[0]) == ["ok"]  # the replayed result, as recorded
