@@ -252,3 +252,25 @@ def plan_step(
         finalize = decided.disposition is Disposition.FINALIZE
         planned.append(decided)
     return StepPlan(planned, state, finalize)
+
+
+def replay_settled(
+    calls: list[tuple[str, ValidArguments]],
+    *,
+    step: int,
+    state: RepetitionState,
+    limits: RepetitionLimits,
+) -> RepetitionState | None:
+    """The repetition state after a settled step whose every call ran, from what its results
+    record (each call's tool and validated arguments): what :func:`plan_step` would arrive at,
+    without resolving names or deciding dispositions again (a resume replays every earlier step
+    of the invocation; this keeps its cost per step small). None when the record does not fit
+    a step whose every call ran (the caller then plans the step in full)."""
+    for tool, checked in calls:
+        observed = repetition.observe(
+            state, tool, canonical_json(checked.arguments), limits, step=step
+        )
+        if observed.verdict in (Repetition.FINALIZE, Repetition.DUPLICATE):
+            return None  # such a call is not run: plan it in full
+        state = observed.state
+    return state

@@ -35,7 +35,7 @@ from orchestrator.runtime.compaction import (
     estimate_tokens,
     message_tokens,
 )
-from orchestrator.runtime.dispatch import Phase, Toolset, plan_step
+from orchestrator.runtime.dispatch import Phase, Toolset, plan_step, replay_settled
 from orchestrator.runtime.execution import ExecutionLimits, StepExecutor
 from orchestrator.runtime.history import (
     Log,
@@ -44,6 +44,7 @@ from orchestrator.runtime.history import (
     assistant_message,
     calls_of,
     read_log,
+    result_text,
     tool_message,
 )
 from orchestrator.runtime.policy import ToolPolicy
@@ -58,7 +59,12 @@ from orchestrator.runtime.types import (
     ModelClient,
     ResponseFormat,
 )
-from orchestrator.runtime.validation import Invalid, parse_json_lenient, validator_for
+from orchestrator.runtime.validation import (
+    Invalid,
+    ValidArguments,
+    parse_json_lenient,
+    validator_for,
+)
 
 T = TypeVar("T")
 
@@ -471,6 +477,9 @@ class _Stepper:
         if not entry.calls:
             # A final answer; one that was followed by a correction request is history.
             return await self._conclude(entry) if is_last else None
+        validated = self.log.validated(entry)
+        if not is_last and self._replay_settled(entry, validated):
+            return None
         plan = plan_step(
             entry.calls,
             step=entry.seq,
@@ -478,7 +487,7 @@ class _Stepper:
             toolset=self.run.toolset,
             state=conversation.repetition,
             limits=self.run.settings.repetition,
-            validated=self.log.validated(entry),
+            validated=validated,
         )
         conversation.repetition = plan.state
         conversation.finalize = conversation.finalize or plan.finalize or entry.phase is Phase.LAST
@@ -490,6 +499,31 @@ class _Stepper:
         for index, call in enumerate(entry.calls):
             conversation.history.append(tool_message(call, settlement.results[index]))
         return None
+
+    def _replay_settled(self, entry: ModelEntry, validated: dict[int, ValidArguments]) -> bool:
+        """Fold an earlier step whose every call ran and has its result (a resume's history)
+        without planning it again; False when it is not such a step."""
+        if entry.phase is not Phase.NORMAL or len(validated) != len(entry.calls):
+            return False
+        records = [self.log.result(entry.seq, index) for index in range(len(entry.calls))]
+        named = [
+            (record.name, validated[index])
+            for index, record in enumerate(records)
+            if record is not None
+        ]
+        state = replay_settled(
+            named,
+            step=entry.seq,
+            state=self.conversation.repetition,
+            limits=self.run.settings.repetition,
+        )
+        if state is None or len(named) != len(entry.calls):
+            return False
+        self.conversation.repetition = state
+        for call, record in zip(entry.calls, records, strict=True):
+            assert record is not None
+            self.conversation.history.append(tool_message(call, result_text(record)))
+        return True
 
     async def _conclude(self, entry: ModelEntry) -> InvocationOutcome | None:
         output_format = self.run.output

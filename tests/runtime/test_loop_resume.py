@@ -3,7 +3,10 @@ never re-run; a started one is re-issued with the same idempotency key; counters
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,3 +252,44 @@ def test_a_resume_replays_finished_calls_with_their_recorded_arguments(
     [message] = last_tool_messages(model.requests[1])
     assert message.startswith("Not executed: this is call number 3")
     assert last_tool_messages(model.requests[0]) == ["ok"]  # the replayed result, as recorded
+
+
+def test_the_replay_shortcut_reaches_the_conversation_a_full_re_plan_reaches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Earlier steps whose calls all ran are folded without re-planning them; the model must
+    then see exactly what a full re-plan of every step gives it (messages, warnings, and the
+    repetition guard's verdict on the next call)."""
+    from orchestrator.runtime.loop import _Stepper
+
+    def crashed_journal() -> MemoryJournal:
+        journal = MemoryJournal()
+        journal.crash_after_next("complete", "tool", count=4)
+        steps = [calls(("read", {"p": "a"})), calls(("read", {"p": "b"}), ("read", {"p": "c"}))]
+        steps += [calls(("read", {"p": "a"})), calls(("read", {"p": "d"}))]
+        crash(make_invoker(ScriptedModel(*steps), [RecordingTool("read")]), journal)
+        return journal
+
+    def resumed_requests() -> list[object]:
+        model = ScriptedModel(calls(("read", {"p": "a"})), text("ok"))
+        invoke(make_invoker(model, [RecordingTool("read")]), crashed_journal())
+        # Call ids come from a counter of the scripted model: they differ between the runs.
+        return [
+            json.loads(re.sub(r'"(call_\w+)"', '"id"', json.dumps(r.messages)))
+            for r in model.requests
+        ]
+
+    taken: list[bool] = []
+    shortcut_of = _Stepper._replay_settled
+
+    def spied(self: _Stepper, *args: Any) -> bool:
+        taken.append(shortcut_of(self, *args))
+        return taken[-1]
+
+    monkeypatch.setattr(_Stepper, "_replay_settled", spied)
+    shortcut = resumed_requests()
+    assert taken == [True, True]  # the two earlier steps; the last one is planned in full
+    monkeypatch.setattr(_Stepper, "_replay_settled", lambda *_: False)
+    assert resumed_requests() == shortcut
+    # The guard counted the replayed calls: the third identical call is not executed.
+    assert shortcut[1][-1]["content"].startswith("Not executed: this is call number 3")
