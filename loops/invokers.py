@@ -252,6 +252,11 @@ class StepJournal(Protocol):
 
 
 class RoleInvoker(Protocol):
+    """Carries out invocations. An invoker may also offer ``prepare(request, journal)``, an
+    awaitable of whatever it reads before it can start (an employee's profile, say): the engine
+    then runs it while it begins the invocation, and passes its result to
+    ``invoke(request, journal, prepared=...)``."""
+
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
         """Carry out one invocation. Let LeaseLost and RunHalted through (ToolCallRefused is the
         journal's answer to one call, not the invocation's); never swallow cancellation."""

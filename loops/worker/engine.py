@@ -601,6 +601,9 @@ async def _invoke(
         workdir=run.cursor.get("workdir"),
     )
     journal = DbJournal(driver, lease, role, name)
+    # What the invoker reads before it starts (its own round trips) overlaps the start's.
+    prepare = getattr(driver.invoker, "prepare", None)
+    preparing = asyncio.ensure_future(prepare(request, journal)) if prepare else None
     try:
         start, calls = await driver.db(_invocation_begin, lease, role, name)
         journal.started(
@@ -610,7 +613,11 @@ async def _invoke(
             limits=start.limits,
             calls=calls,
         )
-        outcome = await driver.invoker.invoke(request, journal)
+        if preparing is None:
+            outcome = await driver.invoker.invoke(request, journal)
+        else:
+            prepared = await preparing
+            outcome = await driver.invoker.invoke(request, journal, prepared=prepared)  # type: ignore[call-arg]
         await journal.flush()  # the final answer's model step
         return outcome
     except RunHalted as halt:
@@ -637,6 +644,17 @@ async def _invoke(
             code="error",
             reason=f"{name} invocation failed: {type(exc).__name__}: {str(exc)[:500]}",
         )
+    finally:
+        if preparing is not None:
+            _abandon(preparing)
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Stop a preparation the invocation did not wait for (its start failed or halted)."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()  # retrieved: an error of an unused preparation is not an error
 
 
 def _invocation_begin(

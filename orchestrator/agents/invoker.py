@@ -169,6 +169,14 @@ def tool_spec(name: str) -> ToolSpec | None:
     return None if provided is None else provided.spec
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What :meth:`AgentInvoker.prepare` read: the profile, or why there is none."""
+
+    profile: EmployeeProfile | None
+    missing: NotFound | None = None
+
+
 class AgentInvoker:
     """The tool loop with each employee's model, prompt, tools and limits."""
 
@@ -187,12 +195,23 @@ class AgentInvoker:
     def build(cls) -> AgentInvoker:
         return cls()
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def prepare(self, request: InvocationRequest, journal: StepJournal) -> Prepared:
+        """The employee's profile, read while the engine begins the invocation."""
         try:
-            profile = await _profile_for(self.profiles, request.employee_username, journal)
+            return Prepared(await _profile_for(self.profiles, request.employee_username, journal))
         except NotFound as exc:
+            return Prepared(None, exc)
+
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Prepared | None = None
+    ) -> InvocationOutcome:
+        if prepared is None:
+            prepared = await self.prepare(request, journal)
+        profile = prepared.profile
+        if profile is None:
+            reason = prepared.missing.detail if prepared.missing else "no profile"
             return InvocationOutcome(
-                kind=OutcomeKind.FAILED, code="unknown_employee", reason=exc.detail
+                kind=OutcomeKind.FAILED, code="unknown_employee", reason=reason
             )
         specs = [tool.spec for name in profile.tools if (tool := self.tools.get(name)) is not None]
         policy = role_tool_policy(request, specs)

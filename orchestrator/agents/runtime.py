@@ -16,7 +16,12 @@ from django.conf import settings
 from orchestrator.agents.breaker_store import DatabaseBreakerStore
 from orchestrator.agents.models import Employee, ModelEndpoint
 from orchestrator.errors import NotFound
-from orchestrator.runtime.breaker import BreakerStore, CircuitBreaker, RedisBreakerStore
+from orchestrator.runtime.breaker import (
+    CLOSED_CACHE_SECONDS,
+    BreakerStore,
+    CircuitBreaker,
+    RedisBreakerStore,
+)
 from orchestrator.runtime.model_client import EndpointConfig, ModelParams, client_for_endpoint
 from orchestrator.runtime.streaming import STREAM_MODES, StreamMode, TextCallback
 from orchestrator.runtime.types import ModelClient
@@ -90,7 +95,7 @@ def breaker_default() -> CircuitBreaker:
         store = RedisBreakerStore.from_url(settings.REDIS_URL)
     else:
         store = DatabaseBreakerStore()
-    return CircuitBreaker(store)
+    return CircuitBreaker(store, closed_cache_seconds=CLOSED_CACHE_SECONDS)
 
 
 def model_client_for_employee(

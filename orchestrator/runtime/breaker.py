@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 MAX_COOLDOWN_SECONDS = 600.0
+#: How long a process trusts a closed breaker it read, without asking the store again (the
+#: production breaker; 0 = ask every time). Any failure this process sees forgets it at once;
+#: a breaker another process opened is seen here at most this much later.
+CLOSED_CACHE_SECONDS = 0.25
 #: Consecutive failed requests (all callers, all processes) that open a closed breaker even
 #: before one call has exhausted its retries (RELIABILITY.md P5: "opens after <= 5").
 FAILURE_THRESHOLD = 5
@@ -136,10 +140,14 @@ class CircuitBreaker:
         *,
         now: Callable[[], float] = time.time,
         max_cooldown: float = MAX_COOLDOWN_SECONDS,
+        closed_cache_seconds: float = 0.0,
     ) -> None:
         self.store = store
         self.now = now
         self.max_cooldown = max_cooldown
+        self.closed_cache_seconds = closed_cache_seconds
+        #: key → monotonic time until which a closed, failure-free read is trusted.
+        self._closed_until: dict[str, float] = {}
 
     # --- blocking API (one store round trip each; also used from plain threads) ---------------
 
@@ -191,14 +199,25 @@ class CircuitBreaker:
     # unreachable (Redis down) calls are admitted as if closed and state changes are dropped.
 
     async def admit(self, key: str, *, probe_lease: float) -> Admission:
+        if self._closed_until.get(key, 0.0) > time.monotonic():
+            return Admission(key, Verdict.ALLOW)  # closed, no failures, read moments ago
         try:
             fn = functools.partial(self.admit_sync, key, probe_lease=probe_lease)
-            return await self.store.run(fn)
+            admission = await self.store.run(fn)
         except Exception:
             logger.warning("breaker store unavailable; admitting %s as closed", key, exc_info=True)
             return Admission(key, Verdict.ALLOW)
+        trusted = admission.verdict is Verdict.ALLOW and admission.failures == 0
+        if self.closed_cache_seconds and trusted:
+            self._closed_until[key] = time.monotonic() + self.closed_cache_seconds
+        return admission
+
+    def _forget(self, key: str) -> None:
+        """A failure was seen: the next admission asks the store."""
+        self._closed_until.pop(key, None)
 
     async def record_failure(self, admission: Admission, *, cooldown: float) -> None:
+        self._forget(admission.key)
         if admission.verdict is not Verdict.DENY:
             fn = functools.partial(self.record_failure_sync, admission, cooldown=cooldown)
             await self._run_quietly(fn, admission.key)
@@ -216,6 +235,7 @@ class CircuitBreaker:
             )
 
     async def count_failure(self, admission: Admission, *, cooldown: float) -> bool:
+        self._forget(admission.key)
         try:
             fn = functools.partial(self.count_failure_sync, admission, cooldown=cooldown)
             return await self.store.run(fn)

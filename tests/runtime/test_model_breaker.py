@@ -313,3 +313,59 @@ async def test_an_unreachable_breaker_store_does_not_stop_model_calls(
     assert response.content == "ok"
     assert "breaker store unavailable" in caplog.text
     client.close()
+
+
+# --- the production breaker's short trust in a closed read ---------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_closed_read_is_trusted_briefly_and_any_failure_seen_here_forgets_it(
+    store: BreakerStore, clock: FakeClock
+):
+    reads: list[str] = []
+    real_read = store.read
+
+    def counted(key: str) -> BreakerSnapshot:
+        reads.append(key)
+        return real_read(key)
+
+    store.read = counted  # type: ignore[method-assign]
+    breaker = CircuitBreaker(store, now=clock.now, closed_cache_seconds=0.3)
+    first = await breaker.admit(KEY, probe_lease=LEASE)
+    again = await breaker.admit(KEY, probe_lease=LEASE)
+    assert first.verdict is again.verdict is Verdict.ALLOW
+    assert len(reads) == 1  # the second admission did not ask the store
+
+    # Opened by another process: this one learns it once the trust has run out.
+    other = CircuitBreaker(store, now=clock.now)
+    await store.run(
+        lambda: other.record_failure_sync(other.admit_sync(KEY, probe_lease=LEASE), cooldown=60)
+    )
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.ALLOW  # trusted
+    await asyncio.sleep(0.35)
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.DENY
+
+    # A failure this process sees is never papered over by the trusted read.
+    await store.run(lambda: store.clear(KEY))  # type: ignore[attr-defined]  (operators' reset)
+    closed = await breaker.admit(KEY, probe_lease=LEASE)
+    assert closed.verdict is Verdict.ALLOW
+    opened = await breaker.count_failure(closed, cooldown=60)
+    for _ in range(10):
+        if opened:
+            break
+        opened = await breaker.count_failure(closed, cooldown=60)
+    assert opened
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.DENY
+
+
+@pytest.mark.anyio
+async def test_without_the_setting_every_admission_asks_the_store(
+    store: BreakerStore, clock: FakeClock
+):
+    breaker = CircuitBreaker(store, now=clock.now)
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.ALLOW
+    other = CircuitBreaker(store, now=clock.now)
+    await store.run(
+        lambda: other.record_failure_sync(other.admit_sync(KEY, probe_lease=LEASE), cooldown=60)
+    )
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.DENY
