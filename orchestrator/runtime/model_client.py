@@ -37,6 +37,7 @@ from typing import Any, Literal
 import httpx2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchestrator.runtime import http_lite
 from orchestrator.runtime.breaker import Admission, CircuitBreaker, Verdict
 from orchestrator.runtime.secrets import Secret, api_key_from_env, redact
 from orchestrator.runtime.streaming import (
@@ -595,14 +596,24 @@ class OpenAICompatibleClient:
     ) -> ChatResponse:
         url = target.base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {key.reveal()}"} if key else {}
-        timeout = httpx2.Timeout(target.timeout_seconds, connect=min(10.0, target.timeout_seconds))
+        connect = min(10.0, target.timeout_seconds)
+        timeout = httpx2.Timeout(target.timeout_seconds, connect=connect)
+        lite = _lite_pool() if router is None else None
         try:
+            if lite is not None:
+                async with asyncio.timeout(target.timeout_seconds):
+                    answer = await lite.post_json(url, body, headers, connect_timeout=connect)
+                return _parse_response(answer, target, key)
             if router is None:
                 # The whole answer within the timeout (httpx's timeouts are per read).
                 async with asyncio.timeout(target.timeout_seconds):
                     response = await http.post(url, json=body, headers=headers, timeout=timeout)
                 return _parse_response(response, target, key)
             return await _stream(http, url, body, headers, timeout, target, key, router)
+        except http_lite.BadUrl as exc:
+            raise EndpointError("endpoint", redact(f"bad base URL: {exc}", key)) from None
+        except http_lite.HttpError as exc:
+            raise EndpointError("transient", redact(str(exc), key)) from None
         except (httpx2.TimeoutException, TimeoutError):
             detail = f"timed out after {target.timeout_seconds:g}s"
             raise EndpointError("transient", detail) from None
@@ -633,6 +644,9 @@ class _ClientPool:
     def __init__(self) -> None:
         self.idle: list[httpx2.AsyncClient] = []
         self.closed = False
+        #: The plain JSON calls' keep-alive connections (``http_lite``; none when the
+        #: environment names a proxy, which only httpx honours).
+        self.lite = None if http_lite.proxies_configured() else http_lite.Pool(_ssl_context())
 
     @staticmethod
     def _new() -> httpx2.AsyncClient:
@@ -655,6 +669,8 @@ class _ClientPool:
         idle, self.idle = self.idle, []
         for client in idle:
             await client.aclose()
+        if self.lite is not None:
+            await self.lite.close()
 
 
 #: Event loops that pool their model connections (the run driver's).
@@ -682,6 +698,11 @@ def _pool() -> _ClientPool | None:
         return None
 
 
+def _lite_pool() -> http_lite.Pool | None:
+    pool = _pool()
+    return None if pool is None else pool.lite
+
+
 async def close_http_pool() -> None:
     """Close the running loop's idle pooled clients and stop pooling on this loop."""
     pool = _POOLS.pop(asyncio.get_running_loop(), None)
@@ -690,7 +711,7 @@ async def close_http_pool() -> None:
 
 
 def _parse_response(
-    response: httpx2.Response, target: EndpointConfig, key: Secret | None
+    response: httpx2.Response | http_lite.Response, target: EndpointConfig, key: Secret | None
 ) -> ChatResponse:
     if response.status_code >= 300:
         raise _error_from_response(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.runtime import http_lite, model_client
 from orchestrator.runtime.model_client import (
     EndpointConfig,
     ModelParams,
@@ -31,6 +32,20 @@ from tests.support.model_server import (
 )
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["httpx", "http_lite"], autouse=True)
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of the wire runs through both transports: httpx (any event loop) and the
+    small keep-alive client the run driver's pooled loop uses for plain JSON calls (here
+    without keep-alive: each call's connection is closed, so no test leaves one open)."""
+    if request.param == "http_lite":
+        monkeypatch.setattr(http_lite, "IDLE_PER_ORIGIN", 0)
+        monkeypatch.setattr(
+            model_client, "_lite_pool", lambda: http_lite.Pool(model_client._ssl_context())
+        )
+    return str(request.param)
+
 
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.02, max_retry_after=5)
 ASK = ChatRequest(messages=[{"role": "user", "content": "hello"}])
