@@ -233,6 +233,7 @@ class _SentTogether(Batch):
         self.preparing: set[str] = set()
         self.queued: list[tuple[bytes, Result | None]] = [(b"BEGIN", None)]
         self.started = time.monotonic()
+        self.logged = connection.queries_logged  # read once: the proxy lookup is not free
 
     def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
         result = Result()
@@ -246,7 +247,8 @@ class _SentTogether(Batch):
             values = [b"NULL" if value is None else literal(value) for value in params]
             statement += b"(" + b", ".join(values) + b")"
         self.queued.append((statement, result))
-        _log(sql, self.started)
+        if self.logged:
+            _log(sql, self.started)
         return result
 
     def sync(self) -> None:
@@ -282,7 +284,10 @@ def _prepared_on(raw: Any) -> set[str]:
     return _PREPARED.setdefault(raw, set())
 
 
+@functools.lru_cache(maxsize=1024)
 def _statement_name(sql: str) -> str:
+    """The name a statement is prepared under (its SQL's digest; the engine's statements are a
+    few hundred texts, so the digest is computed once per text)."""
     return "lw_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:24]
 
 

@@ -330,10 +330,23 @@ def run_event_append(
 
 @transaction.atomic
 def run_update_fenced(lease: Lease, **fields: Any) -> None:
-    """Set columns of a run the caller drives (cursor, result...), refused without the lease."""
-    updated = LoopRun.objects.filter(
-        pk=lease.run_id, lease_owner=lease.owner, lease_token=lease.token
-    ).update(**fields, updated_at=timezone.now())
+    """Set columns of a run the caller drives (cursor, result...), refused without the lease.
+    One prepared statement (values prepared by their fields), not the ORM's compiler."""
+    values = {**fields, "updated_at": timezone.now()}
+    try:
+        assignments, params = db.set_clause(LoopRun, values)
+        sql = (
+            f"UPDATE loops_looprun SET {assignments} "
+            "WHERE id = %s AND lease_owner = %s AND lease_token = %s"
+        )
+        params += [db.uuid_param(lease.run_id), lease.owner, lease.token]
+    except db.NeedsCompiler:
+        sql, params = db.update_sql(
+            LoopRun, values, pk=lease.run_id, lease_owner=lease.owner, lease_token=lease.token
+        )
+    with db.batch() as batch:
+        written = batch.add(sql, params)
+    updated = written.rowcount
     if not updated:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
 
