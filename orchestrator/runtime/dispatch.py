@@ -4,8 +4,10 @@ Given the calls of one model step, the toolset the policy allows and the repetit
 before the step, :func:`plan_step` decides for every call, in order: run it, gate it for a
 human, or answer it without running it (unknown or malformed, not permitted, a duplicate, not
 executed because the loop is finishing). Because the decision depends only on persisted data,
-the loop re-plans every persisted step on resume and arrives at the same decisions and the same
-repetition counters as before the crash; only calls without a persisted result are acted on.
+the loop re-plans persisted steps on resume (with the arguments their results recorded as
+validated, or, for an earlier step whose every call ran, only its repetition counts:
+:func:`replay_settled`) and arrives at the same decisions and the same repetition counters as
+before the crash; only calls without a persisted result are acted on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The durable model-tool loop: one role invocation as a small state machine over the journal.
 
 ``ToolLoopInvoker.invoke`` reads the invocation's persisted steps, replays them into the
-conversation (re-planning each step's calls, which restores the step count and the repetition
-counters), settles whatever the last step left unfinished, and then alternates model steps and
+conversation (re-planning each step's calls, or, for an earlier step whose every call ran,
+folding its recorded results; either restores the step count and the repetition counters),
+settles whatever the last step left unfinished, and then alternates model steps and
 tool calls until the model answers, a limit ends the loop, or a call waits for approval.
 
 Each model step is recorded before its tool calls start, and every tool result before the next
