@@ -266,16 +266,21 @@ def test_sandboxes_die_with_a_runner_that_is_killed() -> None:
     assert runner.stdin is not None
     runner.stdin.write(program.encode())
     runner.stdin.close()
+    config = SandboxConfig.from_env()
     try:
         assert _wait_for(lambda: bool(_processes_with(marker)), seconds=20), "never started"
+        slots = {_uid_of(pid) - config.uid_base for pid in _processes_with(marker)}
     finally:
         runner.kill()
         runner.wait()
     # --die-with-parent takes it down at once; a loaded 2-core machine may take a while to reap.
     assert _wait_for(lambda: not _processes_with(marker), seconds=10), "sandbox outlived runner"
     # The killed runner left a dirty slot and its run directory: the start-up reaper cleans up.
-    config = SandboxConfig.from_env()
-    left_behind = list(Path(config.resolved_work_root()).glob("loopwright-sbx-s*"))
+    # (Only this runner's: the uid slots and the work root are shared by every process of the
+    # host, and another test process's live sandboxes keep theirs.)
+    [slot] = slots
+    root = Path(config.resolved_work_root())
+    left_behind = list(root.glob(f"loopwright-sbx-s{slot}-*"))
     assert left_behind
     assert sandbox_reap_stale(config) >= 1
     assert not [path for path in left_behind if path.exists()]
@@ -439,6 +444,14 @@ def test_rlimit_only_caps_output_and_bounds_a_fork_bomb() -> None:
     assert forked < SandboxLimits().max_processes
     assert result.stdout_truncated and result.killed_reason == "output_cap"
     assert result.leftover_processes == 0
+
+
+def _uid_of(pid: str) -> int:
+    """The real uid of a process (a sandboxed one runs as its slot's uid)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for process {pid}")
 
 
 def _processes_with(needle: str) -> list[str]:
