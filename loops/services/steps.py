@@ -310,16 +310,32 @@ def _steps_batch(
             verdict = toolloop.judge(int(count.rows[0][0]) + 1, limits.tool_loop)
             if not _plain(limits, amounts, verdict):
                 raise _NotPlain
-            usage = {metric: budgets.amount(n) for metric, n in amounts.items()}
-            if model_step is not None:
-                batch.add(*step_sql.insert_step(lease, model_step.row, seq_back=1))
-                usage.update(model_step.charged)
-            batch.add(*step_sql.insert_step(lease, row))
-            high_water = model_step_charged(model_step)
-            batch.add(*step_sql.usage_add(lease, usage, _day(), high_water=high_water))
+            _add_steps(batch, lease, row, amounts, model_step)
     except _NotHeld:
         _fence_failed(lease, model_step)
     return seq, read_rule(limits)
+
+
+def _add_steps(
+    batch: db.Batch,
+    lease: Lease,
+    row: dict[str, Any],
+    amounts: dict[str, int],
+    model_step: ModelStep | None,
+    *,
+    step_count: int | None = None,
+) -> None:
+    """The writes of a plain step after its fence: the model step (if any), the call's step,
+    their counts; each guarded by ``step_count`` when given (``step_sql.FENCE_AT_COUNT``)."""
+    usage = {metric: budgets.amount(n) for metric, n in amounts.items()}
+    if model_step is not None:
+        batch.add(*step_sql.insert_step(lease, model_step.row, seq_back=1, step_count=step_count))
+        usage.update(model_step.charged)
+    batch.add(*step_sql.insert_step(lease, row, step_count=step_count))
+    high_water = model_step_charged(model_step)
+    batch.add(
+        *step_sql.usage_add(lease, usage, _day(), high_water=high_water, step_count=step_count)
+    )
 
 
 def _steps_unchanged(
@@ -347,9 +363,6 @@ def _steps_unchanged(
     ):
         return None
     policy = limits.tool_loop
-    after = model_step.steps_before + 2
-    usage = {metric: budgets.amount(n) for metric, n in amounts.items()}
-    usage.update(model_step.charged)
     with db.batch() as batch:
         fence = batch.add(
             *budgets.fence_unchanged_sql(
@@ -362,12 +375,7 @@ def _steps_unchanged(
                 occurrences_below=min(policy.warnAt, policy.blockAt, policy.escalateAt) - 1,
             )
         )
-        batch.add(*step_sql.insert_step(lease, model_step.row, seq_back=1, step_count=after))
-        batch.add(*step_sql.insert_step(lease, row, step_count=after))
-        high_water = model_step_charged(model_step)
-        batch.add(
-            *step_sql.usage_add(lease, usage, _day(), high_water=high_water, step_count=after)
-        )
+        _add_steps(batch, lease, row, amounts, model_step, step_count=model_step.steps_before + 2)
     if not fence.rows:
         return None
     assert expected is not None

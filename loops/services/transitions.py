@@ -328,7 +328,6 @@ def run_event_append(
     return seq
 
 
-@transaction.atomic
 def run_update_fenced(lease: Lease, **fields: Any) -> None:
     """Set columns of a run the caller drives (cursor, result...), refused without the lease.
     One prepared statement (values prepared by their fields), not the ORM's compiler."""
@@ -344,10 +343,9 @@ def run_update_fenced(lease: Lease, **fields: Any) -> None:
         sql, params = db.update_sql(
             LoopRun, values, pk=lease.run_id, lease_owner=lease.owner, lease_token=lease.token
         )
-    with db.batch() as batch:
+    with db.batch() as batch:  # its own transaction: one round trip on PostgreSQL
         written = batch.add(sql, params)
-    updated = written.rowcount
-    if not updated:
+    if not written.rowcount:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
 
 

@@ -169,14 +169,6 @@ def tool_spec(name: str) -> ToolSpec | None:
     return None if provided is None else provided.spec
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """What :meth:`AgentInvoker.prepare` read: the profile, or why there is none."""
-
-    profile: EmployeeProfile | None
-    missing: NotFound | None = None
-
-
 class AgentInvoker:
     """The tool loop with each employee's model, prompt, tools and limits."""
 
@@ -195,23 +187,26 @@ class AgentInvoker:
     def build(cls) -> AgentInvoker:
         return cls()
 
-    async def prepare(self, request: InvocationRequest, journal: StepJournal) -> Prepared:
-        """The employee's profile, read while the engine begins the invocation."""
+    async def prepare(
+        self, request: InvocationRequest, journal: StepJournal
+    ) -> EmployeeProfile | NotFound:
+        """The employee's profile (or why there is none), read while the engine begins the
+        invocation."""
         try:
-            return Prepared(await _profile_for(self.profiles, request.employee_username, journal))
+            return await _profile_for(self.profiles, request.employee_username, journal)
         except NotFound as exc:
-            return Prepared(None, exc)
+            return exc
 
     async def invoke(
-        self, request: InvocationRequest, journal: StepJournal, prepared: Prepared | None = None
+        self,
+        request: InvocationRequest,
+        journal: StepJournal,
+        prepared: EmployeeProfile | NotFound | None = None,
     ) -> InvocationOutcome:
-        if prepared is None:
-            prepared = await self.prepare(request, journal)
-        profile = prepared.profile
-        if profile is None:
-            reason = prepared.missing.detail if prepared.missing else "no profile"
+        profile = prepared if prepared is not None else await self.prepare(request, journal)
+        if isinstance(profile, NotFound):
             return InvocationOutcome(
-                kind=OutcomeKind.FAILED, code="unknown_employee", reason=reason
+                kind=OutcomeKind.FAILED, code="unknown_employee", reason=profile.detail
             )
         specs = [tool.spec for name in profile.tools if (tool := self.tools.get(name)) is not None]
         policy = role_tool_policy(request, specs)

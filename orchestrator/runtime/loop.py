@@ -506,23 +506,18 @@ class _Stepper:
         without planning it again; False when it is not such a step."""
         if entry.phase is not Phase.NORMAL or len(validated) != len(entry.calls):
             return False
-        records = [self.log.result(entry.seq, index) for index in range(len(entry.calls))]
-        named = [
-            (record.name, validated[index])
-            for index, record in enumerate(records)
-            if record is not None
-        ]
+        # Every call is validated, so every call has its finished result.
+        records = [self.log.results[(entry.seq, index)] for index in range(len(entry.calls))]
         state = replay_settled(
-            named,
+            [(record.name, validated[index]) for index, record in enumerate(records)],
             step=entry.seq,
             state=self.conversation.repetition,
             limits=self.run.settings.repetition,
         )
-        if state is None or len(named) != len(entry.calls):
+        if state is None:
             return False
         self.conversation.repetition = state
         for call, record in zip(entry.calls, records, strict=True):
-            assert record is not None
             self.conversation.history.append(tool_message(call, result_text(record)))
         return True
 

@@ -8,7 +8,7 @@ import asyncio
 import gzip
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -64,41 +64,33 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v1/chat/completions"
 
 
+Serve = Callable[..., Awaitable[Server]]
+
+
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Server]]:
+async def serve() -> AsyncIterator[Serve]:
+    """Start servers that answer with ``reply``; all are stopped after the test."""
     servers: list[asyncio.Server] = []
 
-    def start(reply: Reply, **options: float | None) -> Server:
-        state = Server(reply, **options)  # type: ignore[arg-type]
-
-        async def up() -> None:
-            server = await asyncio.start_server(state.handle, "127.0.0.1", 0)
-            state.port = server.sockets[0].getsockname()[1]
-            servers.append(server)
-
-        pending.append(asyncio.ensure_future(up()))
+    async def start(reply: Reply, *, close_after: float | None = None) -> Server:
+        state = Server(reply, close_after=close_after)
+        server = await asyncio.start_server(state.handle, "127.0.0.1", 0)
+        state.port = server.sockets[0].getsockname()[1]
+        servers.append(server)
         return state
 
-    pending: list[asyncio.Future[None]] = []
     yield start
     for server in servers:
         server.close()
         await server.wait_closed()
 
 
-async def started(serve: Callable[..., Server], reply: Reply, **options: float | None) -> Server:
-    state = serve(reply, **options)
-    while not state.port:
-        await asyncio.sleep(0.001)
-    return state
-
-
 def echo(body: bytes) -> bytes:
     return plain(json.dumps({"got": json.loads(body)}).encode())
 
 
-async def test_calls_reuse_one_kept_alive_connection(serve: Callable[..., Server]) -> None:
-    server = await started(serve, echo)
+async def test_calls_reuse_one_kept_alive_connection(serve: Serve) -> None:
+    server = await serve(echo)
     pool = http_lite.Pool(_ssl_context())
     try:
         for n in range(5):
@@ -115,9 +107,9 @@ async def test_calls_reuse_one_kept_alive_connection(serve: Callable[..., Server
 
 
 async def test_a_connection_the_server_ended_while_idle_is_replaced(
-    serve: Callable[..., Server],
+    serve: Serve,
 ) -> None:
-    server = await started(serve, echo, close_after=0.0)
+    server = await serve(echo, close_after=0.0)
     pool = http_lite.Pool(_ssl_context())
     try:
         first = await pool.post_json(server.url, {"n": 1}, {}, connect_timeout=5)
@@ -129,7 +121,7 @@ async def test_a_connection_the_server_ended_while_idle_is_replaced(
     assert server.connections == 2
 
 
-async def test_chunked_and_compressed_answers_are_read_whole(serve: Callable[..., Server]) -> None:
+async def test_chunked_and_compressed_answers_are_read_whole(serve: Serve) -> None:
     def chunked(_: bytes) -> bytes:
         parts = [b'{"a": ', b'"xyz"', b"}"]
         body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
@@ -141,18 +133,18 @@ async def test_chunked_and_compressed_answers_are_read_whole(serve: Callable[...
     pool = http_lite.Pool(_ssl_context())
     try:
         for reply, expected in ((chunked, {"a": "xyz"}), (gzipped, {"z": 1})):
-            server = await started(serve, reply)
+            server = await serve(reply)
             answer = await pool.post_json(server.url, {}, {}, connect_timeout=5)
             assert answer.json() == expected
     finally:
         await pool.close()
 
 
-async def test_an_error_status_comes_back_with_its_headers(serve: Callable[..., Server]) -> None:
+async def test_an_error_status_comes_back_with_its_headers(serve: Serve) -> None:
     def limited(_: bytes) -> bytes:
         return plain(b'{"error": "slow down"}', "429 Too Many Requests", "Retry-After: 3\r\n")
 
-    server = await started(serve, limited)
+    server = await serve(limited)
     pool = http_lite.Pool(_ssl_context())
     try:
         answer = await pool.post_json(server.url, {}, {}, connect_timeout=5)
