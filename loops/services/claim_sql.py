@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from django.utils import timezone
@@ -108,14 +109,15 @@ def claim_statement(
     owner: str,
     lease_seconds: float,
     limit: int,
-    run_id: uuid.UUID | None,
+    run_ids: Sequence[uuid.UUID] | None,
     workspaces: str,
 ) -> tuple[str, list[Any]]:
-    """The claim of up to ``limit`` runs (or exactly ``run_id``); ``workspaces`` is the folder
-    of the runs' workspaces (``<workspaces>/<run id>``, as ``workspace_path`` builds it)."""
-    only = "AND r.id = %s" if run_id is not None else ""
+    """The claim of up to ``limit`` runs (of ``run_ids`` only, when given); ``workspaces`` is
+    the folder of the runs' workspaces (``<workspaces>/<run id>``, as ``workspace_path``
+    builds it)."""
+    only = "AND r.id = ANY(%s)" if run_ids is not None else ""
     now = db.prepared(LoopEvent, "created_at", timezone.now())
-    params: list[Any] = [*([run_id] if run_id is not None else []), limit, owner]
+    params: list[Any] = [*([list(run_ids)] if run_ids is not None else []), limit, owner]
     params += [float(lease_seconds), workspaces.rstrip("/") + "/", owner, now, owner, now]
     return _CLAIM.format(only=only), params
 

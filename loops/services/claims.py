@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -39,16 +40,19 @@ class Claimed:
     columns: dict[str, Any] | None = None
 
 
-def _candidates(limit: int, run_id: uuid.UUID | None) -> list[tuple[Any, str, int, int | None]]:
-    rows = db.fetch_all(*_candidates_sql(limit, run_id))
+def _candidates(
+    limit: int, run_ids: Sequence[uuid.UUID] | None
+) -> list[tuple[Any, str, int, int | None]]:
+    rows = db.fetch_all(*_candidates_sql(limit, run_ids))
     return [(row[0], row[1], row[2], row[3]) for row in rows]
 
 
-def _candidates_sql(limit: int, run_id: uuid.UUID | None) -> tuple[str, list[Any]]:
-    """Claimable runs, locked (skipping those another claimer holds): id, status, pattern,
-    its concurrency limit, and the lease token, event seq and attempts the claim raises."""
+def _candidates_sql(limit: int, run_ids: Sequence[uuid.UUID] | None) -> tuple[str, list[Any]]:
+    """Claimable runs (of ``run_ids`` only, when given), locked (skipping those another
+    claimer holds): id, status, pattern, its concurrency limit, and the lease token, event seq
+    and attempts the claim raises."""
     in_flight = db.placeholders(_IN_FLIGHT)
-    where_id = "AND r.id = %s " if run_id is not None else ""
+    where_id = f"AND r.id IN ({db.placeholders(run_ids)}) " if run_ids is not None else ""
     sql = (
         "SELECT r.id, r.status, r.pattern_id, p.max_concurrency, r.lease_token, r.event_seq, "
         "r.attempts "
@@ -63,10 +67,10 @@ def _candidates_sql(limit: int, run_id: uuid.UUID | None) -> tuple[str, list[Any
     )
     if db.is_postgres():
         sql += " FOR UPDATE OF r SKIP LOCKED"
-    params: list[Any] = [*_CLAIMABLE, *_IN_FLIGHT]
-    if run_id is not None:
-        params.insert(len(_CLAIMABLE), db.uuid_param(run_id))
-    params.append(limit)
+    params: list[Any] = [*_CLAIMABLE]
+    if run_ids is not None:
+        params += [db.uuid_param(run_id) for run_id in run_ids]
+    params += [*_IN_FLIGHT, limit]
     return sql, params
 
 
@@ -114,27 +118,45 @@ def _as_uuid(value: Any) -> uuid.UUID:
 
 
 def run_claim(
-    *, owner: str, lease_seconds: float, limit: int = 1, run_id: uuid.UUID | None = None
+    *,
+    owner: str,
+    lease_seconds: float,
+    limit: int | None = None,
+    run_id: uuid.UUID | None = None,
+    run_ids: Sequence[uuid.UUID] | None = None,
 ) -> list[Claimed]:
-    """Claim up to ``limit`` runnable runs (or exactly ``run_id`` if it is runnable).
+    """Claim runnable runs: up to ``limit`` due ones (1 by default), or those of ``run_ids``
+    (or ``run_id``) that are runnable (the first ``limit`` of them, when given).
 
     On PostgreSQL, runs of patterns without a concurrency limit are claimed in one statement
     (``claim_sql``: picked, leased, logged, and started when they need no preparation); runs of
     limited patterns are counted under the pattern's row lock (:func:`_claim_exact`), which also
     takes whatever the one statement left of ``limit``.
     """
+    if run_id is not None:
+        run_ids = [run_id, *(run_ids or ())]
+    if run_ids is not None:
+        run_ids = list(dict.fromkeys(run_ids))[:limit]  # each once, in order
+        if not run_ids:
+            return []
+        limit = len(run_ids)
+    elif limit is None:
+        limit = 1
     claims: list[Claimed] = []
     if db.batches_are_sent_together():
-        claims = _claim_one_statement(owner, lease_seconds, limit, run_id)
+        claims = _claim_one_statement(owner, lease_seconds, limit, run_ids)
         if len(claims) == limit:
             return claims
+        if run_ids is not None:
+            taken = {c.lease.run_id for c in claims}
+            run_ids = [r for r in run_ids if r not in taken]
     return claims + _claim_exact(
-        owner=owner, lease_seconds=lease_seconds, limit=limit - len(claims), run_id=run_id
+        owner=owner, lease_seconds=lease_seconds, limit=limit - len(claims), run_ids=run_ids
     )
 
 
 def _claim_one_statement(
-    owner: str, lease_seconds: float, limit: int, run_id: uuid.UUID | None
+    owner: str, lease_seconds: float, limit: int, run_ids: Sequence[uuid.UUID] | None
 ) -> list[Claimed]:
     from loops.services.workspaces import workspaces_root
 
@@ -142,7 +164,7 @@ def _claim_one_statement(
         owner=owner,
         lease_seconds=lease_seconds,
         limit=limit,
-        run_id=run_id,
+        run_ids=run_ids,
         workspaces=str(workspaces_root()),
     )
     with db.batch() as batch:
@@ -173,10 +195,12 @@ def _claimed_event(lease: Lease, previous: str, seq: int, attempt: int) -> LoopE
 
 @transaction.atomic
 def _claim_exact(
-    *, owner: str, lease_seconds: float, limit: int, run_id: uuid.UUID | None
+    *, owner: str, lease_seconds: float, limit: int, run_ids: Sequence[uuid.UUID] | None
 ) -> list[Claimed]:
     """:func:`run_claim`, concurrency limits counted under the patterns' row locks."""
-    accepted = _within_concurrency(_candidates(limit, run_id))
+    if limit <= 0 or (run_ids is not None and not run_ids):
+        return []
+    accepted = _within_concurrency(_candidates(limit, run_ids))
     if not accepted:
         return []
     from_status = {str(_as_uuid(rid)): status for rid, status in accepted}

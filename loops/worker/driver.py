@@ -75,6 +75,10 @@ class RunDriver:
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._claiming: set[asyncio.Future[int]] = set()
+        #: Nudged runs waiting for their claim (in order), and the claim of them in flight.
+        self._nudged: dict[uuid.UUID, None] = {}
+        self._nudge_claims: asyncio.Future[int] | None = None
+        self._nudged_claiming: set[uuid.UUID] = set()
         #: Work may be waiting for a slot (a nudge found the driver full, or a poll filled
         #: it): claim by poll as soon as a run ends.
         self._work_waiting = False
@@ -135,23 +139,50 @@ class RunDriver:
         return self.capacity - len(self.tasks)
 
     def _on_nudge(self, run_id: uuid.UUID) -> None:
+        """A nudged run is claimed at once if no claim of nudged runs is in flight; nudges
+        that arrive meanwhile are claimed together by the next one (one statement for a
+        burst of triggers, not one each)."""
         if not self.accepting or run_id in self.tasks:
             return
-        if self._free() > 0:
-            claim = asyncio.ensure_future(self._claim_and_start(run_id=run_id, limit=1))
-            self._claiming.add(claim)  # keep a reference until it is done
-            claim.add_done_callback(self._claiming.discard)
+        if run_id in self._nudged or run_id in self._nudged_claiming:
+            return  # a duplicate of a nudge that waits for its claim or is being claimed
+        if self._free() - len(self._nudged) - len(self._nudged_claiming) > 0:
+            self._nudged[run_id] = None
+            if self._nudge_claims is None:
+                self._nudge_claims = asyncio.ensure_future(self._claim_nudged())
+                self._claiming.add(self._nudge_claims)  # shutdown waits for it
+                self._nudge_claims.add_done_callback(self._claiming.discard)
         else:
             self._work_waiting = True
 
-    async def _claim_and_start(self, *, run_id: uuid.UUID | None, limit: int) -> int:
+    async def _claim_nudged(self) -> int:
+        """Claim the nudged runs, all waiting ones in one claim, until none are left."""
+        claimed = 0
+        try:
+            while self._nudged and self.accepting:
+                waiting, free = list(self._nudged), max(0, self._free())
+                self._nudged.clear()
+                if len(waiting) > free:
+                    self._work_waiting = True  # the poll claims the rest when slots free up
+                run_ids = waiting[:free]
+                if run_ids:
+                    self._nudged_claiming = set(run_ids)
+                    claimed += await self._claim_and_start(run_ids=run_ids, limit=len(run_ids))
+                    self._nudged_claiming = set()
+        finally:
+            self._nudged.clear()
+            self._nudged_claiming = set()
+            self._nudge_claims = None
+        return claimed
+
+    async def _claim_and_start(self, *, run_ids: list[uuid.UUID] | None = None, limit: int) -> int:
         try:
             claims = await self.db(
                 run_claim,
                 owner=self.owner,
                 lease_seconds=self.lease_seconds,
                 limit=limit,
-                run_id=run_id,
+                run_ids=run_ids,
             )
         except (OperationalError, InterfaceError) as exc:
             logger.warning("claim failed, database unavailable: %s", type(exc).__name__)
@@ -205,7 +236,7 @@ class RunDriver:
             claimed, batch = 0, min(self._free(), POLL_BATCH)
             if self.accepting and batch > 0:
                 # Tracked like a nudge's claim, so shutdown waits for it before releasing.
-                claim = asyncio.ensure_future(self._claim_and_start(run_id=None, limit=batch))
+                claim = asyncio.ensure_future(self._claim_and_start(limit=batch))
                 self._claiming.add(claim)
                 claim.add_done_callback(self._claiming.discard)
                 claimed = await asyncio.shield(claim)

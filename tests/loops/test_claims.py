@@ -51,6 +51,33 @@ def test_claim_by_id_only_takes_that_run() -> None:
     assert first.status == RunStatus.QUEUED
 
 
+@pytest.mark.django_db(transaction=True)  # on PostgreSQL: the one-statement claim too
+def test_claim_by_ids_takes_the_runnable_ones_of_them_once_each() -> None:
+    """Nudged runs claimed together: only those named, each once, those not runnable (leased,
+    not due) left alone, a limited pattern's runs counted under its lock, ``limit`` caps."""
+    limited = make_pattern(max_concurrency=1)
+    free_runs = [make_run() for _ in range(3)]
+    capped = [make_run(limited) for _ in range(2)]
+    later = make_run(not_before=timezone.now() + timedelta(minutes=5))
+    leased = make_run()
+    run_claim(owner="w0", lease_seconds=60, run_id=leased.id)
+    bystander = make_run()
+    named = [*free_runs, free_runs[0], *capped, later, leased]  # one named twice
+    claims = run_claim(owner="w1", lease_seconds=60, run_ids=[r.id for r in named])
+    claimed = [c.lease.run_id for c in claims]
+    assert len(claimed) == len(set(claimed)) == 4
+    assert set(claimed) - {capped[0].id, capped[1].id} == {r.id for r in free_runs}
+    assert len(set(claimed) & {capped[0].id, capped[1].id}) == 1  # the pattern's one slot
+    for run in (later, bystander):
+        run.refresh_from_db()
+        assert run.status == RunStatus.QUEUED
+    assert LoopEvent.objects.filter(type="lease.claimed", run_id__in=claimed).count() == 4
+    rest = [make_run() for _ in range(3)]
+    capped_to_two = run_claim(owner="w2", lease_seconds=60, limit=2, run_ids=[r.id for r in rest])
+    assert {c.lease.run_id for c in capped_to_two} == {rest[0].id, rest[1].id}
+    assert run_claim(owner="w2", lease_seconds=60, run_ids=[]) == []
+
+
 def test_a_duplicate_claim_of_the_same_run_does_nothing() -> None:
     run = make_run()
     assert len(run_claim(owner="w1", lease_seconds=60, run_id=run.id)) == 1

@@ -123,3 +123,42 @@ def test_a_driver_that_finishes_runs_does_not_grab_runs_nobody_announced(
     time.sleep(0.5)
     unannounced.refresh_from_db()
     assert unannounced.status == RunStatus.QUEUED
+
+
+def test_a_burst_of_nudges_is_claimed_together_not_one_claim_each(
+    driver_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nudges that arrive while a claim of nudged runs is in flight wait for it and are then
+    claimed in one claim: a burst of triggers costs a few claims, each run claimed once."""
+    nudge_claims: list[list[uuid.UUID]] = []
+    real_claim = driver_module.run_claim
+
+    def recorded(**kwargs: Any) -> Any:
+        if kwargs.get("run_ids") is not None:
+            nudge_claims.append(list(kwargs["run_ids"]))
+            if len(nudge_claims) == 1:
+                time.sleep(0.3)  # a slow first claim: the rest of the burst arrives meanwhile
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(driver_module, "run_claim", recorded)
+    driver = driver_factory(capacity=20)
+    driver.start()
+    time.sleep(0.2)  # the first poll found nothing
+    pattern = make_pattern()
+    runs = [make_run(pattern) for _ in range(12)]
+    for run in runs:
+        driver.submit(run.id)
+        driver.submit(run.id)  # a duplicate nudge changes nothing
+    wait_for(lambda: _finished(runs) == len(runs), timeout=POLL_SECONDS / 3)
+    assert len(nudge_claims) <= 3, nudge_claims
+    assert sorted(map(str, (i for ids in nudge_claims for i in ids))) == sorted(
+        str(r.id) for r in runs
+    )
+    claims = LoopEvent.objects.filter(run__in=runs, type="lease.claimed").count()
+    assert claims == len(runs), "each run claimed exactly once"
+
+
+def test_the_claims_benchmark_claims_in_the_batches_a_driver_poll_takes() -> None:
+    from bench.claims import POLL_BATCH as BENCH_BATCH
+
+    assert BENCH_BATCH == POLL_BATCH
