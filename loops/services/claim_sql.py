@@ -6,7 +6,8 @@ under the pattern's row lock by the exact path). A run needs no preparation when
 path locks (no ``repositoryKey`` or no ``actingOn``) and its workspace is a plain directory or
 already exists (its cursor has a ``workdir``): it goes ``queued → preparing → running`` (or
 ``verifying``) in the same statement, both events written, its cursor given its ``workdir``.
-The statement returns what the engine would otherwise read back (``RUN_COLUMNS``).
+The statement returns what the engine would otherwise read back (``RUN_COLUMNS``), and the
+texts the run's limits are read from, so the first invocation's start needs no read of them.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ _READY = (
 
 _CLAIM = f"""
 WITH picked AS (
-    SELECT r.id, r.status, {_READY} AS ready
+    SELECT r.id, r.status, {_READY} AS ready, p.policy AS pattern_policy
     FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id
     WHERE r.status IN ('queued', 'waiting_lock')
       AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
@@ -82,7 +83,8 @@ taken AS (
                       ELSE r.cursor END
     FROM picked WHERE r.id = picked.id
     RETURNING r.id, picked.status AS previous, r.status, r.lease_token, r.event_seq,
-              r.attempts, {", ".join(f"r.{c}" for c in RUN_COLUMNS)}
+              r.attempts, {", ".join(f"r.{c}" for c in RUN_COLUMNS)},
+              r.pattern_id, picked.pattern_policy
 ),
 claimed AS (
     INSERT INTO loops_loopevent (run_id, seq, type, from_status, to_status, actor, data,
@@ -99,8 +101,9 @@ started AS (
            jsonb_build_object('workdir', cursor->>'workdir'), %s
     FROM taken WHERE status <> 'preparing'
 )
-SELECT id, previous, status, lease_token, attempts, {", ".join(RUN_COLUMNS)} FROM taken
-ORDER BY id
+SELECT id, previous, status, lease_token, attempts, {", ".join(RUN_COLUMNS)},
+       pattern_id, pattern_policy
+FROM taken ORDER BY id
 """
 
 
@@ -123,9 +126,18 @@ def claim_statement(
 
 
 def claimed_columns(row: tuple[Any, ...]) -> dict[str, Any]:
-    """The run columns of a row of the claim (after id, previous, status, token, attempts)."""
-    values = dict(zip(RUN_COLUMNS, row[5:], strict=True))
+    """The run columns of a row of the claim (after id, previous, status, token, attempts),
+    and what the run's limits are read from (``LIMIT_TEXTS``: the pattern id, the policy
+    snapshot and the pattern's policy as the database renders them, for their fingerprint)."""
+    end = 5 + len(RUN_COLUMNS)
+    values = dict(zip(RUN_COLUMNS, row[5:end], strict=True))
+    pattern_id, pattern_policy = row[end:]
+    values[LIMIT_TEXTS] = (pattern_id, values["policy_snapshot"], pattern_policy)
     for name in JSON_COLUMNS:
         if isinstance(values[name], str):
             values[name] = json.loads(values[name])
     return values
+
+
+#: The key of :func:`claimed_columns` under which the limits' texts are.
+LIMIT_TEXTS = "limit_texts"

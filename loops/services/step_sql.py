@@ -211,6 +211,23 @@ def usage_add(
     of the day (``<metric>:max_call``, which admissions on a shared daily budget weigh), after
     the counts. ``step_count`` guards it as it guards :func:`insert_step`.
     """
+    fence = FENCE if step_count is None else FENCE_AT_COUNT
+    sql, params = _usage_upsert(lease, amounts, day, high_water, "loops_looprun r", fence)
+    guard = [] if step_count is None else [step_count]
+    return sql, [*params, *fence_params(lease), *guard]
+
+
+def _usage_upsert(
+    lease: Lease,
+    amounts: dict[str, Decimal],
+    day: str,
+    high_water: tuple[str, ...],
+    source: str,
+    where: str,
+) -> Statement:
+    """The upsert of :func:`usage_add`, the pattern id read from ``r.pattern_id`` of
+    ``source`` (the fenced run row, or a CTE that returned it) where ``where`` holds (its
+    parameters follow the ones returned)."""
     metrics = sorted(amounts)
     day_rows = [("", metric, amounts[metric]) for metric in metrics]
     day_rows += [("", f"{metric}:max_call", amounts[metric]) for metric in sorted(high_water)]
@@ -221,8 +238,8 @@ def usage_add(
         "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "
         "SELECT CASE WHEN v.column2 = '' THEN 'pattern:' || CAST(r.pattern_id AS TEXT) || %s "
         f"ELSE v.column2 END, v.column3, CAST(v.column4 AS NUMERIC), {now} "
-        f"FROM (VALUES {values}) AS v, loops_looprun r "
-        f"WHERE {FENCE if step_count is None else FENCE_AT_COUNT} "
+        f"FROM (VALUES {values}) AS v, {source} "
+        f"WHERE {where} "
         "ORDER BY CAST(v.column1 AS INTEGER) "
         "ON CONFLICT (scope, metric) DO UPDATE SET value = CASE WHEN excluded.metric LIKE "
         "'%%:max_call' THEN (CASE WHEN excluded.value > loops_usagebucket.value THEN "
@@ -232,8 +249,61 @@ def usage_add(
     params: list[Any] = [f":{day}"]
     for ordinal, (scope, metric, n) in enumerate(rows):
         params += [ordinal, scope, metric, _number(n)]
-    guard = [] if step_count is None else [step_count]
-    return sql, [*params, *fence_params(lease), *guard]
+    return sql, params
+
+
+#: Whether the run's invocation ``%s`` was started (its ``invocation.started`` event).
+_STARTED = (
+    "EXISTS (SELECT 1 FROM loops_loopevent e WHERE e.run_id = r.id "
+    "AND e.type = 'invocation.started' AND e.data->>'invocation' = %s)"
+)
+
+
+def invocation_start_unchanged(
+    lease: Lease,
+    fingerprint: tuple[str, str],
+    *,
+    invocation: str,
+    role: str,
+    amounts: dict[str, Decimal],
+    day: str,
+) -> Statement:
+    """An invocation's start in one statement (PostgreSQL), for a caller whose limits
+    (``fingerprint``: the MD5s of the run's policy snapshot and its pattern's policy, as
+    ``budgets.RunLimits`` has them) let it start without a judgement. The fence requires the
+    lease, those policy texts unchanged and the invocation not started yet; when it matches,
+    the run's event seq is raised, the ``invocation.started`` event written and ``amounts``
+    counted (:func:`usage_add`), all from the fence's row. Whatever the fence did, the one row
+    returned (none: the lease is lost) says: the new event seq (NULL when the fence did not
+    match), whether the invocation had started already, the run's step count, its limit
+    columns (``budgets.LIMIT_COLUMNS``) and its tool calls so far by hash (JSON pairs), as the
+    statement found them."""
+    data = {"invocation": invocation, "role": role}
+    event = [
+        db.prepared(LoopEvent, name, value)
+        for name, value in (("data", data), ("created_at", timezone.now()))
+    ]
+    upsert, upsert_params = _usage_upsert(lease, amounts, day, (), "fence r", "TRUE")
+    sql = (
+        "WITH fence AS (UPDATE loops_looprun r SET event_seq = r.event_seq + 1, "
+        f"updated_at = {db.now_sql()} WHERE {FENCE} "
+        "AND md5(COALESCE(r.policy_snapshot::text, '')) = %s "
+        "AND md5(COALESCE((SELECT p.policy::text FROM loops_looppattern p "
+        f"WHERE p.id = r.pattern_id), '')) = %s AND NOT {_STARTED} "
+        "RETURNING r.id, r.event_seq, r.pattern_id), "
+        "logged AS (INSERT INTO loops_loopevent "
+        "(run_id, seq, type, from_status, to_status, actor, data, created_at) "
+        "SELECT id, event_seq, 'invocation.started', '', '', %s, %s, %s FROM fence), "
+        f"counted AS ({upsert}) "
+        f"SELECT (SELECT event_seq FROM fence), {_STARTED}, r.step_count, r.pattern_id, "
+        "r.policy_snapshot, (SELECT p.policy FROM loops_looppattern p WHERE p.id = r.pattern_id), "
+        "(SELECT jsonb_agg(jsonb_build_array(c.call_hash, c.n)) FROM (SELECT call_hash, "
+        "COUNT(*) AS n FROM loops_loopstep WHERE run_id = r.id AND kind = 'tool' "
+        "AND call_hash IS NOT NULL GROUP BY call_hash) c) "
+        f"FROM loops_looprun r WHERE {FENCE}"
+    )
+    params = [*fence_params(lease), *fingerprint, invocation, lease.owner, *event]
+    return sql, [*params, *upsert_params, invocation, *fence_params(lease)]
 
 
 def _number(value: Decimal) -> Any:

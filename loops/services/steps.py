@@ -8,6 +8,7 @@ crash never leaves a step without its count or a count without its step.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -163,22 +164,68 @@ def read_rule(limits: budgets.RunLimits) -> ReadRule:
 
 
 def invocation_begin(
-    lease: Lease, *, role: str, invocation: str
+    lease: Lease,
+    *,
+    role: str,
+    invocation: str,
+    expected: budgets.RunLimits | None = None,
 ) -> tuple[budgets.InvocationStart, dict[str, int]]:
     """:func:`budgets.budget_invocation_begin`, and the run's tool calls so far by hash (the
     journal's :meth:`runs_first` needs them).
 
-    On PostgreSQL one transaction of two round trips: whether the invocation already started,
-    the fence with the run's limits and the calls; then, for a fresh invocation nothing limits,
-    its ``invocation.started`` event, its counts and the commit. Anything else goes through
-    the exact path."""
+    On PostgreSQL, when ``expected`` (the run's limits as the caller last read them) lets the
+    invocation start without a judgement: one statement, one round trip, that proves those
+    limits unchanged (:func:`_invocation_begin_unchanged`). Otherwise, or when they changed,
+    one transaction of two round trips: whether the invocation already started, the fence
+    with the run's limits and the calls; then, for a fresh invocation nothing limits, its
+    ``invocation.started`` event, its counts and the commit. Anything else goes through the
+    exact path."""
     if db.batches_are_sent_together():
         try:
-            return _invocation_begin_batched(lease, role, invocation)
+            unchanged = _invocation_begin_unchanged(lease, role, invocation, expected)
+            return unchanged or _invocation_begin_batched(lease, role, invocation)
         except _NotPlain:
             pass
     start = budgets.budget_invocation_begin(lease, role=role, invocation=invocation)
     return start, call_counts(lease.run_id)
+
+
+def _start_amounts(role: str) -> dict[str, int]:
+    return {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
+
+
+def _starts_plainly(limits: budgets.RunLimits, role: str) -> bool:
+    """No metered limit and no counted limit on what a start of ``role`` counts."""
+    bounded = {*limits.per_run, *limits.daily}
+    return not budgets.metered(limits) and not bounded.intersection(_start_amounts(role))
+
+
+def _invocation_begin_unchanged(
+    lease: Lease, role: str, invocation: str, expected: budgets.RunLimits | None
+) -> tuple[budgets.InvocationStart, dict[str, int]] | None:
+    """The start in one statement (``step_sql.invocation_start_unchanged``) when ``expected``
+    says it is plain; a resumed invocation (already started) is answered by the same
+    statement. None when it does not apply or the limits changed (nothing was written)."""
+    if expected is None or expected.fingerprint is None or not _starts_plainly(expected, role):
+        return None
+    usage = {metric: budgets.amount(n) for metric, n in _start_amounts(role).items()}
+    statement = step_sql.invocation_start_unchanged(
+        lease, expected.fingerprint, invocation=invocation, role=role, amounts=usage, day=_day()
+    )
+    with db.batch() as batch:
+        found = batch.add(*statement)
+    if not found.rows:
+        raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
+    event_seq, started, steps, pattern_id, snapshot, pattern_policy, calls = found.rows[0]
+    limits = budgets.limits_from_row(lease.run_id, pattern_id, snapshot, pattern_policy)
+    pairs = json.loads(calls) if isinstance(calls, str) else calls  # jsonb comes as its text
+    counts = {str(digest): int(n) for digest, n in pairs or []}
+    if event_seq is not None:
+        return budgets.InvocationStart(True, False, int(steps), limits), counts
+    if started:
+        resumed = budgets.InvocationStart(False, budgets.metered(limits), int(steps), limits)
+        return resumed, counts
+    return None
 
 
 _STARTED_SQL = (
@@ -199,15 +246,13 @@ def _invocation_begin_batched(
         fence = batch.add(*budgets.fence_limits_sql(lease))
         calls = batch.add(_CALLS_SQL, [lease.run_id])
         batch.sync()
-        if not fence.rows:
-            raise _NotHeld
-        steps, _, limits = budgets.limits_from_fence(lease, fence.rows)
+        steps, _, limits = budgets.limits_from_fence(lease, fence.rows)  # none: LeaseLost
         counts = {str(digest): int(n) for digest, n in calls.rows}
         if started.rows[0][0]:
             resumed = budgets.InvocationStart(False, budgets.metered(limits), steps, limits)
             return resumed, counts
-        amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
-        if budgets.metered(limits) or {*limits.per_run, *limits.daily}.intersection(amounts):
+        amounts = _start_amounts(role)
+        if not _starts_plainly(limits, role):
             raise _NotPlain
         batch.add(*fence_touch_sql(lease, event_increment=1))
         data = {"invocation": invocation, "role": role}

@@ -36,7 +36,7 @@ from loops.invokers import (
 )
 from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
 from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
-from loops.services import budgets, toolloop
+from loops.services import budgets, claim_sql, toolloop
 from loops.services import steps as step_services
 from loops.services.approvals import approval_authorize_execution, approvals_open
 from loops.services.claims import Claimed
@@ -66,10 +66,14 @@ class RunState:
     repository: dict[str, Any]
     cursor: dict[str, Any] = field(default_factory=dict)
     lock_wait_since: Any = None
+    #: The run's limits as last read from the database (with their fingerprint), which lets
+    #: an invocation start in one statement that proves them unchanged; None: not known.
+    limits: budgets.RunLimits | None = None
 
 
 def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
     """The state of a run from the columns its claim returned (``claim_sql.RUN_COLUMNS``)."""
+    pattern_id, snapshot, pattern_policy = columns[claim_sql.LIMIT_TEXTS]
     return RunState(
         id=run_id,
         status=status,
@@ -82,6 +86,7 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         repository=columns["repository_snapshot"],
         cursor=dict(columns["cursor"] or {}),
         lock_wait_since=columns["lock_wait_since"],
+        limits=budgets.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
     )
 
 
@@ -157,6 +162,11 @@ class DbJournal:
         self._calls = calls
         if not metered:
             self._unmetered_until = time.monotonic() + budgets.ADMISSION_RECHECK_SECONDS
+
+    @property
+    def limits(self) -> budgets.RunLimits | None:
+        """The run's limits as of the journal's latest write (None: not known)."""
+        return None if self._rule is None else self._rule.limits
 
     def runs_first(self, name: str, request: dict[str, Any]) -> bool:
         """May this read-effect call run before anything of it is persisted? Only when, as of
@@ -521,7 +531,7 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
         # Started by its claim (it needed no preparation): only its workspace may be missing.
         run = run_state_of(lease.run_id, claim.status, claim.columns)
         status = run.status
-        if not Path(run.cursor["workdir"]).is_dir():
+        if not _plain_workspace_made(run):
             status = await driver.db(_workspace_for_started, lease, run)
     else:
         retry = float(driver_setting("LOCK_RETRY_SECONDS"))
@@ -544,6 +554,22 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
             await driver.db(_conclude_verdict, lease, run, outcome.output)
             return
         await driver.db(run_update_fenced, lease, cursor=run.cursor)
+
+
+def _plain_workspace_made(run: RunState) -> bool:
+    """The workspace of a run its claim started exists, or is a plain folder made here at
+    once (a ``mkdir``, no trip to the database threads); False: :func:`_workspace_for_started`
+    makes it, or fails the run with the reason."""
+    path = Path(run.cursor["workdir"])
+    if path.is_dir():
+        return True
+    if run.repository.get("repositoryRoot"):
+        return False  # a worktree (git): made on the database threads
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return True
 
 
 def _workspace_for_started(lease: Lease, run: RunState) -> str:
@@ -605,7 +631,7 @@ async def _invoke(
     prepare = getattr(driver.invoker, "prepare", None)
     preparing = asyncio.ensure_future(prepare(request, journal)) if prepare else None
     try:
-        start, calls = await driver.db(_invocation_begin, lease, role, name)
+        start, calls = await driver.db(_invocation_begin, lease, role, name, run.limits)
         journal.started(
             fresh=start.started,
             metered=start.metered,
@@ -619,6 +645,7 @@ async def _invoke(
             prepared = await preparing
             outcome = await driver.invoker.invoke(request, journal, prepared=prepared)  # type: ignore[call-arg]
         await journal.flush()  # the final answer's model step
+        run.limits = journal.limits or start.limits  # for the next invocation's start
         return outcome
     except RunHalted as halt:
         # A budget or the tool-loop policy stopped the run; nothing of the refused step was
@@ -658,10 +685,12 @@ def _abandon(task: asyncio.Future[Any]) -> None:
 
 
 def _invocation_begin(
-    lease: Lease, role: Role, name: str
+    lease: Lease, role: Role, name: str, expected: budgets.RunLimits | None = None
 ) -> tuple[budgets.InvocationStart, dict[str, int]]:
     """Count the invocation's start, and read the run's tool calls so far (by hash)."""
-    return step_services.invocation_begin(lease, role=role.value, invocation=name)
+    return step_services.invocation_begin(
+        lease, role=role.value, invocation=name, expected=expected
+    )
 
 
 def _context_for(run: RunState, role: Role) -> dict[str, Any]:
