@@ -45,6 +45,9 @@ JSON_COLUMNS = frozenset(
     }
 )
 
+#: The key of :func:`claimed_columns` under which the texts of the run's limits are.
+LIMIT_TEXTS = "limit_texts"
+
 #: Takes no path locks and has (or gets with a mkdir) its workspace.
 _READY = (
     "((COALESCE(r.repository_snapshot->>'repositoryKey', '') = '' "
@@ -137,7 +140,3 @@ def claimed_columns(row: tuple[Any, ...]) -> dict[str, Any]:
         if isinstance(values[name], str):
             values[name] = json.loads(values[name])
     return values
-
-
-#: The key of :func:`claimed_columns` under which the limits' texts are.
-LIMIT_TEXTS = "limit_texts"

@@ -147,9 +147,7 @@ def run_claim(
         claims = _claim_one_statement(owner, lease_seconds, limit, run_ids)
         if len(claims) == limit:
             return claims
-        if run_ids is not None:
-            taken = {c.lease.run_id for c in claims}
-            run_ids = [r for r in run_ids if r not in taken]
+    # Runs the statement took are leased now: the exact path's candidates leave them out.
     return claims + _claim_exact(
         owner=owner, lease_seconds=lease_seconds, limit=limit - len(claims), run_ids=run_ids
     )
@@ -198,8 +196,6 @@ def _claim_exact(
     *, owner: str, lease_seconds: float, limit: int, run_ids: Sequence[uuid.UUID] | None
 ) -> list[Claimed]:
     """:func:`run_claim`, concurrency limits counted under the patterns' row locks."""
-    if limit <= 0 or (run_ids is not None and not run_ids):
-        return []
     accepted = _within_concurrency(_candidates(limit, run_ids))
     if not accepted:
         return []

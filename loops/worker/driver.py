@@ -168,7 +168,6 @@ class RunDriver:
                 if run_ids:
                     self._nudged_claiming = set(run_ids)
                     claimed += await self._claim_and_start(run_ids=run_ids, limit=len(run_ids))
-                    self._nudged_claiming = set()
         finally:
             self._nudged.clear()
             self._nudged_claiming = set()
