@@ -45,6 +45,9 @@ def _value(row: dict[str, Any]) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no benchmark gave a result")
+        return
     headers = ["benchmark", "figure", "target", "measured", "spread", "ratio", "pass"]
     table = [
         [

@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/"
@@ -490,6 +490,7 @@ class ModelServerProc:
             {"PYTHONUNBUFFERED": "1"},
             logs,
         )
+        self._client: Any = None
 
     @property
     def url(self) -> str:
@@ -506,7 +507,25 @@ class ModelServerProc:
         response = httpx2.get(f"http://127.0.0.1:{self.port}/bench/state", timeout=10)
         return dict(response.json())
 
+    def first_request(self, tag: str, timeout: float = 30) -> tuple[float, float]:
+        """When the first request of run ``tag`` arrived (monotonic, wall clock): one request
+        the server answers once it has (a long poll), so waiting takes no CPU from the
+        service being measured (a poll would, on a 2-core machine)."""
+        import httpx2
+
+        if self._client is None:
+            self._client = httpx2.Client(base_url=f"http://127.0.0.1:{self.port}")
+        response = self._client.get(
+            "/bench/first", params={"tag": tag, "timeout": timeout}, timeout=timeout + 10
+        )
+        if response.status_code != 200:
+            raise TimeoutError(f"no model request for {tag} in {timeout:g} s")
+        arrived = response.json()
+        return float(arrived["at"]), float(arrived["wall"])
+
     def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
         self.proc.stop(timeout=5)
 
 
@@ -788,6 +807,7 @@ class _ModelServer:
         self.latency = latency
         self.first: dict[str, float] = {}
         self.first_wall: dict[str, float] = {}
+        self.arrivals: dict[str, asyncio.Event] = {}
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -810,7 +830,9 @@ class _ModelServer:
             k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
         }
         raw = await reader.readexactly(int(headers.get("content-length") or 0))
-        if method == "GET" and path.startswith("/bench/state"):
+        if method == "GET" and path.startswith("/bench/first"):
+            payload = await self._first(dict(parse_qsl(path.partition("?")[2])))
+        elif method == "GET" and path.startswith("/bench/state"):
             payload = {
                 "first": self.first,
                 "first_wall": self.first_wall,
@@ -821,8 +843,11 @@ class _ModelServer:
             payload = await self._complete(json.loads(raw or b"{}"), arrived)
         data = json.dumps(payload).encode()
         keep = headers.get("connection", "").lower() != "close"
+        status = b"200 OK" if payload is not None else b"404 Not Found"
         writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"HTTP/1.1 "
+            + status
+            + b"\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(data)}\r\n".encode()
             + (b"Connection: keep-alive\r\n\r\n" if keep else b"Connection: close\r\n\r\n")
             + data
@@ -830,12 +855,24 @@ class _ModelServer:
         await writer.drain()
         return keep
 
+    async def _first(self, query: dict[str, str]) -> dict[str, float] | None:
+        """The first request of run ``tag``, once it has arrived (None: not in ``timeout``)."""
+        tag = query["tag"]
+        if tag not in self.first:
+            arrival = self.arrivals.setdefault(tag, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrival.wait(), float(query.get("timeout", 30)))
+        if tag not in self.first:
+            return None
+        return {"at": self.first[tag], "wall": self.first_wall[tag]}
+
     async def _complete(self, body: dict[str, Any], arrived: float) -> dict[str, Any]:
         self.requests += 1
         tag = goal_spec(body).get("tag")
         if tag and tag not in self.first:
             self.first[tag] = arrived
             self.first_wall[tag] = time.time() - (time.monotonic() - arrived)
+            self.arrivals.pop(tag, asyncio.Event()).set()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -5,9 +5,11 @@ app), one idle worker (``celery worker --pool threads`` with the run driver, Red
 broker) and the loopback model server, which timestamps the first request of each run with
 ``time.monotonic()`` (one clock for every process of the machine). The bench POSTs
 ``/api/v1/patterns/<key>/trigger`` and takes the time when the response is back; the figure is
-the model server's arrival time minus that. What lies between: the nudge (sent on commit, before
-the response), Celery delivering it, the driver's claim, preparation, loading the employee and
-its model client, building the prompt, and the HTTP request to the model.
+the model server's arrival time minus that. The bench learns the arrival by one long-polled
+request the model server answers when it comes, so no polling of the bench's competes with the
+service for the machine's two cores while it is measured. What lies between: the nudge (sent on
+commit, before the response), Celery delivering it, the driver's claim, preparation, loading the
+employee and its model client, building the prompt, and the HTTP request to the model.
 
 Each sample waits for the previous run to finish, so the worker is idle when the trigger comes.
 ``python -m bench.dispatch``.
@@ -26,16 +28,6 @@ from bench import common
 
 TARGET_P50_MS, TARGET_P99_MS = 6.0, 15.0
 TOOLS = [*common.NOOP_TOOLS, "read"]
-
-
-def _first_arrival(service: common.Service, tag: str, timeout: float = 30) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        first = service.model.state()["first"]
-        if tag in first:
-            return float(first[tag])
-        time.sleep(0.005)
-    raise TimeoutError(f"no model request for {tag} in {timeout:g} s:\n{service.worker.log()}")
 
 
 def _breakdown(run_id: str, model_wall: float) -> dict[str, float]:
@@ -67,12 +59,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for n in range(args.warmup + args.samples):
             tag = uuid.uuid4().hex[:12]
             run_id, took, returned = service.trigger(tag=tag, steps=0)
-            arrived = _first_arrival(service, tag)
+            try:
+                arrived, arrived_wall = service.model.first_request(tag)
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}:\n{service.worker.log()}") from None
             common.wait_status([run_id], terminal, 60)
             if n >= args.warmup:
                 latencies.append((arrived - returned) * 1000)
                 api_ms.append(took * 1000)
-                breakdowns.append(_breakdown(run_id, service.model.state()["first_wall"][tag]))
+                breakdowns.append(_breakdown(run_id, arrived_wall))
             time.sleep(args.idle)  # the worker is idle again, its poll asleep
     finally:
         service.close()

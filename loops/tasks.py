@@ -58,15 +58,19 @@ def notify_approvals_task(approval_ids: list[str]) -> None:
 
 @worker_ready.connect
 def _start_driver(sender: Any = None, **kwargs: Any) -> None:
-    """Start polling for due runs as soon as the worker is up, not at the first nudge."""
+    """Start polling for due runs as soon as the worker is up, not at the first nudge; then
+    keep what the process loaded out of later garbage collections (``orchestrator.heap``)."""
     from loops.worker.driver import get_driver
+    from orchestrator.heap import freeze_startup_heap
 
     # A worker of other queues only (a skills worker: ``-Q skills``) drives no runs.
     consumed = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
     names = set((getattr(consumed, "consume_from", None) or {}).keys())
-    if names and "loops" not in names:
-        return
-    get_driver()
+    if not names or "loops" in names:
+        import loops.worker.engine  # noqa: F401  (imported by the first run otherwise)
+
+        get_driver()
+    freeze_startup_heap()
 
 
 @worker_shutting_down.connect

@@ -31,7 +31,15 @@ mcp_application, mcp_endpoint = mcp_asgi()
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    from django.urls import get_resolver
+
+    from orchestrator.heap import freeze_startup_heap
+
     async with mcp_endpoint.running():
+        # The URLconf imports every view, serializer and form now, not at the first requests;
+        # then no full collection walks what the app loaded again.
+        get_resolver().url_patterns  # noqa: B018
+        freeze_startup_heap()
         yield
 
 

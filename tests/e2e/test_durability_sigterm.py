@@ -18,6 +18,7 @@ worker that is gone until the lease expires (60 s by default).
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import threading
 import time
@@ -182,6 +183,7 @@ def test_a_nudge_delivered_during_warm_shutdown_does_not_start_a_new_driver(
             f"a driver started after shutdown took the run: {run.status!r} by {run.lease_owner!r}"
         )
     finally:
+        gc.unfreeze()  # worker_ready froze this (test) process's heap: give it back
         late = driver_module._driver
         driver_module.stop_driver(drain_seconds=0)
         for driver in (first, late):

@@ -6,6 +6,7 @@ returns content with the output file manifest; a call without a valid token gets
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import threading
@@ -64,6 +65,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     instance.should_exit = True
     thread.join(timeout=30)
     sock.close()
+    gc.unfreeze()  # the app's lifespan froze this (test) process's heap: give it back
 
 
 @pytest.fixture
