@@ -8,7 +8,9 @@ the loopback model server). A run's maker calls ``bench_noop``/``bench_peek`` a 
 ``write`` (the builtin schema, instrumented by ``bench.common``) writes ``time.monotonic()`` when it
 starts. Between the two: the re-queue nudge (sent when the decision commits), the claim, loading
 the run, replaying the invocation's journal, and running the approved call. Measured with a short
-(2 prior steps) and a long (50 prior steps) history: the figure must not depend on run length.
+(2 prior steps) and a long (50 prior steps) history, 30 approvals each, three repeats that
+alternate the two (the figures are medians over the repeats): the figure must not depend on run
+length.
 
 Then 500 runs are parked on approvals at once, and the worker's RSS and leases are read: a parked
 run must cost no worker memory and hold no slot. ``python -m bench.resume``.
@@ -91,11 +93,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     service = common.Service("resume", prefix="rsm", maker_steps=max(HISTORIES), tools=TOOLS)
     out: dict[str, Any] = {"load": common.load_average(), "latencies_ms": {}}
     try:
-        for history in HISTORIES:
-            ids = _park(service, args.samples + args.warmup, history)
-            results = [_approve(service, run_id) for run_id in ids][args.warmup :]
-            out["latencies_ms"][str(history)] = [r[0] for r in results]
-            out.setdefault("breakdowns", {})[str(history)] = [r[1] for r in results]
+        # Repeats alternate the histories, so a drift of the machine's speed meets both alike.
+        for _ in range(args.repeats):
+            for history in HISTORIES:
+                ids = _park(service, args.samples + args.warmup, history)
+                results = [_approve(service, run_id) for run_id in ids][args.warmup :]
+                out["latencies_ms"].setdefault(str(history), []).append([r[0] for r in results])
+                out.setdefault("breakdowns", {}).setdefault(str(history), []).extend(
+                    r[1] for r in results
+                )
         out["parked"] = _parked_cost(service, args.parked)
     finally:
         service.close()
@@ -114,15 +120,17 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
 
     if not common.redis_available():
         raise RuntimeError(f"Redis is needed at {common.BENCH_REDIS}")
-    samples, parked = (2, 20) if smoke else (30, PARKED)
+    samples, parked, repeats = (2, 20, 1) if smoke else (30, PARKED, 3)
     logs = common.log_dir("resume")
     with common.ScratchDatabase("resume") as db:
         argv = ["--samples", str(samples), "--warmup", "1" if smoke else "2"]
-        argv += ["--parked", str(parked)]
+        argv += ["--parked", str(parked), "--repeats", str(repeats)]
         result = common.run_child("bench.resume", db.env(), argv, 3600, logs)
+    # Per history, one list of latencies per repeat: the figures are medians over repeats.
     by_history = {int(h): v for h, v in result["latencies_ms"].items()}
-    p50 = {h: statistics.median(v) for h, v in by_history.items()}
-    p99 = {h: common.percentile(v, 99) for h, v in by_history.items()}
+    repeat_p50s = {h: [statistics.median(r) for r in v] for h, v in by_history.items()}
+    p50 = {h: statistics.median(v) for h, v in repeat_p50s.items()}
+    p99 = {h: statistics.median(common.percentile(r, 99) for r in v) for h, v in by_history.items()}
     short, long = HISTORIES
     growth = p50[long] / p50[short] if p50[short] > 0 else float("inf")
     rows = []
@@ -143,10 +151,12 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
                 + (f", <= {LENGTH_LIMIT:g} x the short run" if history == long else ""),
                 median_ms=p50[history],
                 p99_ms=round(p99[history], 3),
+                spread=common.spread(repeat_p50s[history]),
+                repeat_p50s=[round(v, 2) for v in repeat_p50s[history]],
                 passed=p50[history] <= TARGET_P50_MS
                 and p99[history] <= TARGET_P99_MS
                 and (history == short or growth <= LENGTH_LIMIT),
-                samples=len(by_history[history]),
+                samples=sum(len(r) for r in by_history[history]),
                 breakdown_ms_after_decision=_median_breakdown(
                     result.get("breakdowns", {}).get(str(history), [])
                 ),
@@ -179,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     child.add_argument("--samples", type=int, default=30)
     child.add_argument("--warmup", type=int, default=2)
     child.add_argument("--parked", type=int, default=PARKED)
+    child.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "child":

@@ -136,6 +136,24 @@ class DbJournal:
         #: (None: not known; every read is then begun before it runs).
         self._rule: step_services.ReadRule | None = None
         self._calls: dict[str, int] | None = None
+        #: The read of the invocation's steps, begun early (:meth:`read_steps_early`).
+        self._early_steps: asyncio.Future[list[StepRecord]] | None = None
+
+    def read_steps_early(self) -> None:
+        """Begin reading the invocation's steps now, while its start is counted: a resumed
+        invocation replays them, and the read then adds no time of its own (it made a resume
+        slower the longer the run's history). Only the lease holder writes a run's steps, and
+        it holds the lease from the claim on, so this reads what :meth:`steps` would; a lost
+        lease fails the start (LeaseLost) before anything read is used."""
+        self._early_steps = asyncio.ensure_future(
+            self.driver.db(step_services.steps_of_invocation, self.lease.run_id, self.invocation)
+        )
+
+    def forget_early_steps(self) -> None:
+        """The invocation ended without asking for its steps: drop the early read."""
+        early, self._early_steps = self._early_steps, None
+        if early is not None:
+            _abandon(early)
 
     async def db_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` on the driver's database threads (pooled connections): for an invoker's
@@ -207,9 +225,14 @@ class DbJournal:
 
     async def steps(self) -> list[StepRecord]:
         await self.flush()
+        early, self._early_steps = self._early_steps, None
         if self._fresh:
             self._fresh = False
+            if early is not None:
+                _abandon(early)
             return []
+        if early is not None:
+            return await early
         return await self.driver.db(
             step_services.steps_of_invocation, self.lease.run_id, self.invocation
         )
@@ -536,6 +559,9 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
     else:
         retry = float(driver_setting("LOCK_RETRY_SECONDS"))
         run, status = await driver.db(_load_and_prepare, lease, retry)
+    # A run claimed before (resumed after an approval, a retry, a crash) may be resuming its
+    # invocation: its first invocation here reads its steps while its start is counted.
+    resuming = claim.attempts > 1
     while status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
         step = _next_invocation(run)
         if step is None:
@@ -545,7 +571,8 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
             run.cursor["phase"] = "verifier"
             await driver.db(_enter_verification, lease, run.cursor, run.repository)
             status = RunStatus.VERIFYING.value
-        outcome = await _invoke(driver, lease, run, role, name, employee)
+        outcome = await _invoke(driver, lease, run, role, name, employee, resuming=resuming)
+        resuming = False
         if outcome.kind != OutcomeKind.COMPLETED:
             await driver.db(_conclude_invocation, lease, run, outcome, step)
             return
@@ -608,7 +635,14 @@ def driver_setting(name: str) -> Any:
 
 
 async def _invoke(
-    driver: RunDriver, lease: Lease, run: RunState, role: Role, name: str, employee: str
+    driver: RunDriver,
+    lease: Lease,
+    run: RunState,
+    role: Role,
+    name: str,
+    employee: str,
+    *,
+    resuming: bool = False,
 ) -> InvocationOutcome:
     request = InvocationRequest(
         run_id=run.id,
@@ -627,6 +661,8 @@ async def _invoke(
         workdir=run.cursor.get("workdir"),
     )
     journal = DbJournal(driver, lease, role, name)
+    if resuming:
+        journal.read_steps_early()
     # What the invoker reads before it starts (its own round trips) overlaps the start's.
     prepare = getattr(driver.invoker, "prepare", None)
     preparing = asyncio.ensure_future(prepare(request, journal)) if prepare else None
@@ -672,6 +708,7 @@ async def _invoke(
             reason=f"{name} invocation failed: {type(exc).__name__}: {str(exc)[:500]}",
         )
     finally:
+        journal.forget_early_steps()
         if preparing is not None:
             _abandon(preparing)
 

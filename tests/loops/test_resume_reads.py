@@ -1,0 +1,99 @@
+"""What a resume reads back: the invocation's steps, as the ORM would give them, read while the
+invocation's start is counted when the run is resuming."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from loops.invokers import Role, StepRecord
+from loops.models import LoopRun, LoopStep
+from loops.services.steps import steps_of_invocation
+from tests.loops.test_journal_numbering import InlineDriver, leased, run_async
+from tests.support.factories import make_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _step(run: Any, seq: int, invocation: str, **fields: Any) -> LoopStep:
+    defaults: dict[str, Any] = {
+        "role": "maker",
+        "kind": "tool",
+        "status": "completed",
+        "name": "read",
+        "idempotency_key": f"k{seq}",
+        "lease_token": 1,
+    }
+    return LoopStep.objects.create(
+        run=run, seq=seq, invocation=invocation, **{**defaults, **fields}
+    )
+
+
+def test_the_steps_are_those_of_the_invocation_in_order_with_their_json_decoded() -> None:
+    run = make_run()
+    nested = {"path": "a/ü.txt", "n": 2**70, "x": 1.5, "ok": True, "list": [None, {"k": []}]}
+    _step(run, 3, "maker:0", request=nested, response={"result": "three"})
+    _step(run, 1, "maker:0", kind="model", request={}, response=None, error="")
+    _step(run, 2, "leader:0", request={"other": 1}, response="text")
+    _step(run, 4, "maker:0", status="failed", request={"q": "x"}, response=[1, "two"], error="no")
+    _step(run, 5, "maker:0", request={"q": "y"}, response=None)
+    LoopStep.objects.filter(run=run, seq=5).update(response=None)
+
+    records = steps_of_invocation(run.id, "maker:0")
+
+    expected = [
+        StepRecord(
+            s.seq, s.kind, s.status, s.name, s.idempotency_key, s.request, s.response, s.error
+        )
+        for s in LoopStep.objects.filter(run=run, invocation="maker:0").order_by("seq")
+    ]
+    assert records == expected
+    assert [r.seq for r in records] == [1, 3, 4, 5]
+    assert records[1].request["n"] == 2**70  # exact, not a float
+    assert records[0].response is None and records[2].response == [1, "two"]
+
+
+class CountingDriver(InlineDriver):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def db(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(fn.__name__)
+        return await super().db(fn, *args, **kwargs)
+
+
+def test_a_resuming_journal_answers_its_steps_from_the_early_read() -> None:
+    from loops.worker.engine import DbJournal
+
+    lease = leased()
+    run = LoopRun.objects.get(pk=lease.run_id)
+    _step(run, 1, "maker:0", request={"q": 1}, response={"result": "r"})
+    driver = CountingDriver()
+
+    async def resumed() -> list[StepRecord]:
+        journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+        journal.read_steps_early()
+        journal.started(fresh=False, metered=False, steps=1)
+        return await journal.steps()
+
+    records = run_async(resumed())
+    assert [r.seq for r in records] == [1]
+    assert driver.calls == ["steps_of_invocation"], "the steps were read once, early"
+
+
+def test_a_fresh_invocation_has_no_steps_whatever_the_early_read_found() -> None:
+    from loops.worker.engine import DbJournal
+
+    lease = leased()
+    driver = CountingDriver()
+
+    async def fresh() -> list[StepRecord]:
+        journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+        journal.read_steps_early()
+        journal.started(fresh=True, metered=False, steps=0)
+        steps = await journal.steps()
+        journal.forget_early_steps()
+        return steps
+
+    assert run_async(fresh()) == []
