@@ -20,6 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from loops import db, state
+from loops.invokers import StepRecord
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus
 from loops.services import claim_sql
 from loops.services.transitions import Lease, run_transition
@@ -38,6 +39,9 @@ class Claimed:
     status: str = RunStatus.PREPARING.value
     #: The run's columns the engine needs (``claim_sql.RUN_COLUMNS``), when the claim read them.
     columns: dict[str, Any] | None = None
+    #: For a run claimed before: the invocation it comes back to and that invocation's steps,
+    #: read right after the claim (``engine.with_resume_steps``); None: not read.
+    resume_steps: tuple[str, list[StepRecord]] | None = None
 
 
 def _candidates(

@@ -177,7 +177,7 @@ class RunDriver:
     async def _claim_and_start(self, *, run_ids: list[uuid.UUID] | None = None, limit: int) -> int:
         try:
             claims = await self.db(
-                run_claim,
+                _claim_and_read,
                 owner=self.owner,
                 lease_seconds=self.lease_seconds,
                 limit=limit,
@@ -304,6 +304,14 @@ class RunDriver:
             return
         if released:
             logger.info("released %d lease(s) at shutdown", released)
+
+
+def _claim_and_read(**kwargs: Any) -> list[Claimed]:
+    """:func:`run_claim`, and what the engine reads at once of each run claimed
+    (``engine.with_resume_steps``), in one trip to the database threads."""
+    from loops.worker.engine import with_resume_steps
+
+    return [with_resume_steps(claim) for claim in run_claim(**kwargs)]
 
 
 def _db_call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -18,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from loops import db
@@ -148,6 +149,11 @@ class DbJournal:
         self._early_steps = asyncio.ensure_future(
             self.driver.db(step_services.steps_of_invocation, self.lease.run_id, self.invocation)
         )
+
+    def steps_read(self, records: list[StepRecord]) -> None:
+        """The invocation's steps, already read (with the claim: ``with_resume_steps``)."""
+        self._early_steps = asyncio.get_running_loop().create_future()
+        self._early_steps.set_result(records)
 
     def forget_early_steps(self) -> None:
         """The invocation ended without asking for its steps: drop the early read."""
@@ -513,12 +519,18 @@ def _park_for_lock(
 
 def _next_invocation(run: RunState) -> tuple[Role, str, str] | None:
     """(role, invocation name, employee) of what comes next, or None when all is done."""
-    phase = run.cursor.get("phase", "leader")
-    bindings = run.role_bindings
+    return _next_invocation_of(run.cursor, run.role_bindings)
+
+
+def _next_invocation_of(
+    cursor: dict[str, Any], bindings: dict[str, Any]
+) -> tuple[Role, str, str] | None:
+    """What comes next by a run's cursor and role bindings (as :func:`_next_invocation`)."""
+    phase = cursor.get("phase", "leader")
     if phase == "leader":
         return Role.LEADER, "leader", bindings["leader"]
     if phase == "makers":
-        index = int(run.cursor.get("maker_index", 0))
+        index = int(cursor.get("maker_index", 0))
         makers = list(bindings.get("makers") or [])
         if index < len(makers):
             return Role.MAKER, f"maker:{index}", makers[index]
@@ -560,8 +572,9 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
         retry = float(driver_setting("LOCK_RETRY_SECONDS"))
         run, status = await driver.db(_load_and_prepare, lease, retry)
     # A run claimed before (resumed after an approval, a retry, a crash) may be resuming its
-    # invocation: its first invocation here reads its steps while its start is counted.
-    resuming = claim.attempts > 1
+    # invocation: the steps of its first invocation here came with the claim (a run the claim
+    # started), or are read while the invocation's start is counted.
+    resuming, resume_steps = _claimed_before(claim), claim.resume_steps
     while status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
         step = _next_invocation(run)
         if step is None:
@@ -571,8 +584,11 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
             run.cursor["phase"] = "verifier"
             await driver.db(_enter_verification, lease, run.cursor, run.repository)
             status = RunStatus.VERIFYING.value
-        outcome = await _invoke(driver, lease, run, role, name, employee, resuming=resuming)
-        resuming = False
+        known = resume_steps[1] if resume_steps and resume_steps[0] == name else None
+        outcome = await _invoke(
+            driver, lease, run, role, name, employee, resuming=resuming, steps=known
+        )
+        resuming, resume_steps = False, None
         if outcome.kind != OutcomeKind.COMPLETED:
             await driver.db(_conclude_invocation, lease, run, outcome, step)
             return
@@ -581,6 +597,35 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
             await driver.db(_conclude_verdict, lease, run, outcome.output)
             return
         await driver.db(run_update_fenced, lease, cursor=run.cursor)
+
+
+def _claimed_before(claim: Claimed) -> bool:
+    """Was the run claimed before this claim? Its first claim takes the lease token from 0 to
+    1, and the token never goes back (a release raises it too); ``attempts`` would not say,
+    as a clean release (a park on an approval) resets it."""
+    return claim.lease.token > 1
+
+
+def with_resume_steps(claim: Claimed) -> Claimed:
+    """``claim`` with the steps of the invocation its run comes back to, read at once on the
+    claim's database thread, for a run claimed before (resumed after an approval, a retry, a
+    crash) that its claim started: a resume replays them, and read here, on a connection just
+    used, before the invocation's start and the employee's profile are read in parallel, they
+    cost the least time (their read grew a resume's time with the run's history). Only the
+    lease holder writes a run's steps, and the claim made this worker the holder, so they are
+    what the invocation would read after its start. A failed read is left to the invocation."""
+    if not _claimed_before(claim) or claim.columns is None or claim.status == RunStatus.PREPARING:
+        return claim
+    following = _next_invocation_of(claim.columns["cursor"] or {}, claim.columns["role_bindings"])
+    if following is None:
+        return claim
+    invocation = following[1]
+    try:
+        records = step_services.steps_of_invocation(claim.lease.run_id, invocation)
+    except DatabaseError:
+        logger.info("run %s: steps not read with the claim", claim.lease.run_id, exc_info=True)
+        return claim
+    return dataclasses.replace(claim, resume_steps=(invocation, records))
 
 
 def _plain_workspace_made(run: RunState) -> bool:
@@ -643,6 +688,7 @@ async def _invoke(
     employee: str,
     *,
     resuming: bool = False,
+    steps: list[StepRecord] | None = None,
 ) -> InvocationOutcome:
     request = InvocationRequest(
         run_id=run.id,
@@ -661,7 +707,9 @@ async def _invoke(
         workdir=run.cursor.get("workdir"),
     )
     journal = DbJournal(driver, lease, role, name)
-    if resuming:
+    if steps is not None:
+        journal.steps_read(steps)  # with the claim
+    elif resuming:
         journal.read_steps_early()
     # What the invoker reads before it starts (its own round trips) overlaps the start's.
     prepare = getattr(driver.invoker, "prepare", None)

@@ -97,3 +97,44 @@ def test_a_fresh_invocation_has_no_steps_whatever_the_early_read_found() -> None
         return steps
 
     assert run_async(fresh()) == []
+
+
+def test_a_run_claimed_again_comes_with_the_steps_of_the_invocation_it_resumes() -> None:
+    from loops.services.claims import run_claim
+    from loops.services.runs import runs_release_owner
+    from loops.worker.engine import with_resume_steps
+
+    run = make_run()
+    [first] = run_claim(owner="resume-a", lease_seconds=300, run_id=run.id)
+    assert with_resume_steps(first).resume_steps is None, "a first claim resumes nothing"
+    _step(run, 1, "leader", kind="model", request={"step": 1}, response={"message": {}})
+    _step(run, 2, "leader", request={"model_seq": 1, "index": 0}, response={"content": "x"})
+    _step(run, 3, "maker:0", request={}, response=None)
+    assert runs_release_owner(owner="resume-a") == 1
+
+    [again] = run_claim(owner="resume-b", lease_seconds=300, run_id=run.id)
+    claimed = with_resume_steps(again)
+    if again.columns is None:  # SQLite: the claim did not start the run (no columns read)
+        assert claimed.resume_steps is None
+        return
+    assert claimed.resume_steps == ("leader", steps_of_invocation(run.id, "leader"))
+    assert [r.seq for r in claimed.resume_steps[1]] == [1, 2]
+
+
+def test_steps_read_with_the_claim_are_the_journals_without_another_read() -> None:
+    from loops.worker.engine import DbJournal
+
+    lease = leased()
+    run = LoopRun.objects.get(pk=lease.run_id)
+    _step(run, 1, "maker:0", request={"q": 1}, response={"result": "r"})
+    records = steps_of_invocation(run.id, "maker:0")
+    driver = CountingDriver()
+
+    async def resumed() -> list[StepRecord]:
+        journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+        journal.steps_read(records)
+        journal.started(fresh=False, metered=False, steps=1)
+        return await journal.steps()
+
+    assert run_async(resumed()) == records
+    assert driver.calls == []
