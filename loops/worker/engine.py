@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from loops import db
@@ -616,13 +616,15 @@ def with_resume_steps(claim: Claimed) -> Claimed:
     what the invocation would read after its start. A failed read is left to the invocation."""
     if not _claimed_before(claim) or claim.columns is None or claim.status == RunStatus.PREPARING:
         return claim
-    following = _next_invocation_of(claim.columns["cursor"] or {}, claim.columns["role_bindings"])
-    if following is None:
-        return claim
-    invocation = following[1]
+    # The claim has committed: nothing here may keep it from reaching the driver.
     try:
+        cursor, bindings = claim.columns["cursor"] or {}, claim.columns["role_bindings"]
+        following = _next_invocation_of(cursor, bindings)
+        if following is None:
+            return claim
+        invocation = following[1]
         records = step_services.steps_of_invocation(claim.lease.run_id, invocation)
-    except DatabaseError:
+    except Exception:
         logger.info("run %s: steps not read with the claim", claim.lease.run_id, exc_info=True)
         return claim
     return dataclasses.replace(claim, resume_steps=(invocation, records))

@@ -138,3 +138,22 @@ def test_steps_read_with_the_claim_are_the_journals_without_another_read() -> No
 
     assert run_async(resumed()) == records
     assert driver.calls == []
+
+
+def test_a_claim_whose_steps_cannot_be_read_still_reaches_the_driver() -> None:
+    """The claim has committed when its steps are read: a failure there (here, a run whose
+    bindings name no leader) leaves the steps to the invocation and keeps the claim."""
+    from dataclasses import replace
+
+    from loops.services.claims import run_claim
+    from loops.services.runs import runs_release_owner
+    from loops.worker.engine import with_resume_steps
+
+    run = make_run()
+    run_claim(owner="resume-c", lease_seconds=300, run_id=run.id)
+    runs_release_owner(owner="resume-c")
+    [again] = run_claim(owner="resume-d", lease_seconds=300, run_id=run.id)
+    if again.columns is None:
+        pytest.skip("PostgreSQL's one-statement claim returns the run's columns")
+    broken = replace(again, columns={**again.columns, "role_bindings": {}})
+    assert with_resume_steps(broken) == broken
