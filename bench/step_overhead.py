@@ -15,7 +15,10 @@ running the tool, persisting its result, rebuilding the context (compaction esti
 building the next request. Process start, the claim and the leader/verifier are excluded from
 the per-step figure (the whole-run time per model step is reported too).
 
-Runs are driven one at a time (latency, not throughput). ``python -m bench.step_overhead``.
+Runs are driven one at a time (latency, not throughput). On PostgreSQL the 20- and the
+100-step runs are measured in one process and alternate, repeat by repeat, so a drift of the
+machine's speed (other tenants) meets both alike: their ratio is what says whether a step's
+cost grows with the history. ``python -m bench.step_overhead``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class StepInvoker:
         from orchestrator.runtime.tools import ToolRegistry
 
         self.steps = steps
+        #: The maker steps of each run, when not ``steps`` (runs of several lengths).
+        self.steps_of: dict[uuid.UUID, int] = {}
         self.noops = [common.NoopTool(name) for name in common.NOOP_TOOLS]
         self.registry = ToolRegistry(self.noops)
         self.calls: dict[tuple[uuid.UUID, str], list[float]] = {}
@@ -87,13 +92,14 @@ class StepInvoker:
         calls: list[float] = []
         with self.lock:
             self.calls[(request.run_id, request.invocation)] = calls
-        client = InstantModel(request.role.value, self.steps, calls)
+        steps = self.steps_of.get(request.run_id, self.steps)
+        client = InstantModel(request.role.value, steps, calls)
         policy = role_tool_policy(request, [tool.spec for tool in self.noops])
         loop = ToolLoopInvoker(
             model_clients=lambda _username: client,
             tools=self.registry,
             policy=lambda _request: policy,
-            settings=LoopSettings(max_steps=self.steps + 2),
+            settings=LoopSettings(max_steps=steps + 2),
             system_prompt=default_system_prompt,
         )
         return await loop.invoke(request, journal)
@@ -128,11 +134,12 @@ def timed_driver(**kwargs: Any) -> Any:
     return TimedDriver(**kwargs)
 
 
-def _run_once(driver: Any, invoker: StepInvoker, pattern: Any) -> dict[str, Any]:
+def _run_once(driver: Any, invoker: StepInvoker, pattern: Any, steps: int) -> dict[str, Any]:
     from loops.models import LoopRun
     from loops.services.runs import run_trigger
 
     run = run_trigger(pattern=pattern, actor="bench", inputs={})
+    invoker.steps_of[run.id] = steps
     driver.timings.clear()
     started, cpu = time.perf_counter(), time.process_time()
     driver.submit(run.id)
@@ -163,8 +170,10 @@ def _run_once(driver: Any, invoker: StepInvoker, pattern: Any) -> dict[str, Any]
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from loops.services.patterns import pattern_create
 
+    # (maker steps, runs per repeat), measured in turn in every repeat
+    lengths = list(zip(args.steps or [20], args.runs or [10], strict=True))
     pattern = pattern_create(
-        key=f"bench-steps-{args.steps}",
+        key="bench-steps",
         actor="bench",
         title="Bench",
         goal_template="Bench",
@@ -172,51 +181,58 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         maker_usernames=["bench-maker"],
         verifier_username="bench-verifier",
     )
-    invoker = StepInvoker(args.steps)
+    invoker = StepInvoker(lengths[0][0])
     driver = timed_driver(invoker=invoker, capacity=8, owner=f"bench-step-{uuid.uuid4().hex[:6]}")
     driver.start()
+    repeats: dict[int, list[dict[str, Any]]] = {steps: [] for steps, _ in lengths}
     try:
-        for _ in range(args.warmup):
-            _run_once(driver, invoker, pattern)
-        repeats = []
+        for steps, _ in lengths:
+            for _ in range(args.warmup):
+                _run_once(driver, invoker, pattern, steps)
         for _ in range(args.repeats):
-            runs = [_run_once(driver, invoker, pattern) for _ in range(args.runs)]
-            steps = [d for r in runs for d in r["steps_ms"]]
-            repeats.append(
-                {
-                    "p50": statistics.median(steps),
-                    "p99": common.percentile(steps, 99),
-                    "mean": statistics.fmean(steps),
-                    "samples": len(steps),
-                    "run_ms_per_model_step": statistics.median(
-                        r["wall_ms"] / r["model_steps"] for r in runs
-                    ),
-                    "db_exec_ms_per_model_step": statistics.median(
-                        r["db_exec_ms"] / r["model_steps"] for r in runs
-                    ),
-                    "db_hop_ms_per_model_step": statistics.median(
-                        r["db_hop_ms"] / r["model_steps"] for r in runs
-                    ),
-                    "cpu_ms_per_model_step": statistics.median(
-                        r["cpu_ms"] / r["model_steps"] for r in runs
-                    ),
-                    "db_calls_per_model_step": statistics.median(
-                        r["db_calls"] / r["model_steps"] for r in runs
-                    ),
-                }
-            )
+            for length, count in lengths:
+                repeats[length].append(_repeat(driver, invoker, pattern, length, count))
     finally:
         driver.stop(drain_seconds=5)
     return {"repeats": repeats, "load": common.load_average()}
 
 
+def _repeat(
+    driver: Any, invoker: StepInvoker, pattern: Any, length: int, count: int
+) -> dict[str, Any]:
+    runs = [_run_once(driver, invoker, pattern, length) for _ in range(count)]
+    steps = [d for r in runs for d in r["steps_ms"]]
+    return {
+        "p50": statistics.median(steps),
+        "p99": common.percentile(steps, 99),
+        "mean": statistics.fmean(steps),
+        "samples": len(steps),
+        "run_ms_per_model_step": statistics.median(r["wall_ms"] / r["model_steps"] for r in runs),
+        "db_exec_ms_per_model_step": statistics.median(
+            r["db_exec_ms"] / r["model_steps"] for r in runs
+        ),
+        "db_hop_ms_per_model_step": statistics.median(
+            r["db_hop_ms"] / r["model_steps"] for r in runs
+        ),
+        "cpu_ms_per_model_step": statistics.median(r["cpu_ms"] / r["model_steps"] for r in runs),
+        "db_calls_per_model_step": statistics.median(
+            r["db_calls"] / r["model_steps"] for r in runs
+        ),
+    }
+
+
 # --- in the bench runner --------------------------------------------------------------------------
 
 
-def measure_in_child(vendor: str, steps: int, runs: int, repeats: int, warmup: int) -> dict:
+def measure_in_child(
+    vendor: str, lengths: list[tuple[int, int]], repeats: int, warmup: int
+) -> dict[str, Any]:
+    """Runs of each (maker steps, runs per repeat) in ``lengths``, alternating, in one child."""
     logs = common.log_dir(f"steps-{vendor}")
-    with common.ScratchDatabase(f"steps{steps}", vendor) as db:
-        argv = ["--steps", str(steps), "--runs", str(runs), "--repeats", str(repeats)]
+    with common.ScratchDatabase("steps", vendor) as db:
+        argv = ["--repeats", str(repeats)]
+        for steps, runs in lengths:
+            argv += ["--steps", str(steps), "--runs", str(runs)]
         return dict(
             common.run_child(
                 "bench.step_overhead", db.env(), [*argv, "--warmup", str(warmup)], 1800, logs
@@ -224,8 +240,8 @@ def measure_in_child(vendor: str, steps: int, runs: int, repeats: int, warmup: i
         )
 
 
-def _summary(result: dict[str, Any]) -> dict[str, Any]:
-    reps = result["repeats"]
+def _summary(result: dict[str, Any], steps: int) -> dict[str, Any]:
+    reps = result["repeats"][str(steps)]  # JSON: the lengths are keys as text
     p50s = [r["p50"] for r in reps]
     return {
         "p50": statistics.median(p50s),
@@ -265,9 +281,9 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
 
     runs, repeats, warmup = (2, 1, 1) if smoke else (10, 3, 2)
     long_runs = 1 if smoke else 3
-    short = _summary(measure_in_child("postgresql", 20, runs, repeats, warmup))
-    long = _summary(measure_in_child("postgresql", 100, long_runs, repeats, 1))
-    lite = _summary(measure_in_child("sqlite", 20, runs, repeats, warmup))
+    postgres = measure_in_child("postgresql", [(20, runs), (100, long_runs)], repeats, warmup)
+    short, long = _summary(postgres, 20), _summary(postgres, 100)
+    lite = _summary(measure_in_child("sqlite", [(20, runs)], repeats, warmup), 20)
     raw = raw_reference.figures(smoke=smoke)
     peer20, peer100 = _peer(20, smoke), _peer(100, smoke)
     raw_step = raw.get("step_tx_ms")
@@ -336,8 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command")
     child = sub.add_parser("child", help="(internal) measure in this process")
     child.add_argument("--out", required=True)
-    child.add_argument("--steps", type=int, default=20)
-    child.add_argument("--runs", type=int, default=10)
+    child.add_argument("--steps", type=int, action="append", help="maker steps (repeatable)")
+    child.add_argument("--runs", type=int, action="append", help="runs per repeat, per --steps")
     child.add_argument("--repeats", type=int, default=3)
     child.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--smoke", action="store_true")
