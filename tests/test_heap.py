@@ -35,8 +35,9 @@ def test_frozen_objects_are_left_out_of_later_collections(thawed: None) -> None:
 
     loaded = _Marker()
     assert _tracked(loaded)
-    frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() > 0
+    # (Not compared with gc.get_freeze_count() afterwards: a frozen object another thread
+    # frees meanwhile leaves the permanent generation.)
+    assert freeze_startup_heap() > 0
     assert not _tracked(loaded), "a frozen object is still in a generation collections walk"
     later = _Marker()
     assert _tracked(later), "what the process allocates after the freeze is collected as usual"
