@@ -872,7 +872,8 @@ class _ModelServer:
         if tag and tag not in self.first:
             self.first[tag] = arrived
             self.first_wall[tag] = time.time() - (time.monotonic() - arrived)
-            self.arrivals.pop(tag, asyncio.Event()).set()
+            if (waiting := self.arrivals.pop(tag, None)) is not None:
+                waiting.set()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -72,12 +72,9 @@ class InstantModel:
 class StepInvoker:
     """The tool loop as ``AgentInvoker`` wires it, with the instant model and the no-op tool."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self) -> None:
         from orchestrator.runtime.tools import ToolRegistry
 
-        self.steps = steps
-        #: The maker steps of each run, when not ``steps`` (runs of several lengths).
-        self.steps_of: dict[uuid.UUID, int] = {}
         self.noops = [common.NoopTool(name) for name in common.NOOP_TOOLS]
         self.registry = ToolRegistry(self.noops)
         self.calls: dict[tuple[uuid.UUID, str], list[float]] = {}
@@ -92,7 +89,7 @@ class StepInvoker:
         calls: list[float] = []
         with self.lock:
             self.calls[(request.run_id, request.invocation)] = calls
-        steps = self.steps_of.get(request.run_id, self.steps)
+        steps = int(request.inputs["steps"])  # the run's length, given when it was triggered
         client = InstantModel(request.role.value, steps, calls)
         policy = role_tool_policy(request, [tool.spec for tool in self.noops])
         loop = ToolLoopInvoker(
@@ -138,8 +135,7 @@ def _run_once(driver: Any, invoker: StepInvoker, pattern: Any, steps: int) -> di
     from loops.models import LoopRun
     from loops.services.runs import run_trigger
 
-    run = run_trigger(pattern=pattern, actor="bench", inputs={})
-    invoker.steps_of[run.id] = steps
+    run = run_trigger(pattern=pattern, actor="bench", inputs={"steps": steps})
     driver.timings.clear()
     started, cpu = time.perf_counter(), time.process_time()
     driver.submit(run.id)
@@ -181,7 +177,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         maker_usernames=["bench-maker"],
         verifier_username="bench-verifier",
     )
-    invoker = StepInvoker(lengths[0][0])
+    invoker = StepInvoker()
     driver = timed_driver(invoker=invoker, capacity=8, owner=f"bench-step-{uuid.uuid4().hex[:6]}")
     driver.start()
     repeats: dict[int, list[dict[str, Any]]] = {steps: [] for steps, _ in lengths}

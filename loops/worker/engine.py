@@ -146,9 +146,7 @@ class DbJournal:
         slower the longer the run's history). Only the lease holder writes a run's steps, and
         it holds the lease from the claim on, so this reads what :meth:`steps` would; a lost
         lease fails the start (LeaseLost) before anything read is used."""
-        self._early_steps = asyncio.ensure_future(
-            self.driver.db(step_services.steps_of_invocation, self.lease.run_id, self.invocation)
-        )
+        self._early_steps = asyncio.ensure_future(self._read_steps())
 
     def steps_read(self, records: list[StepRecord]) -> None:
         """The invocation's steps, already read (with the claim: ``with_resume_steps``)."""
@@ -237,8 +235,9 @@ class DbJournal:
             if early is not None:
                 _abandon(early)
             return []
-        if early is not None:
-            return await early
+        return await (early if early is not None else self._read_steps())
+
+    async def _read_steps(self) -> list[StepRecord]:
         return await self.driver.db(
             step_services.steps_of_invocation, self.lease.run_id, self.invocation
         )
