@@ -216,6 +216,9 @@ class AgentInvoker:
             policy=lambda _request: policy,
             settings=profile.loop_settings,
             system_prompt=lambda req: _system_prompt(profile, req),
+            # Carried by every call's ToolContext: skill tools check the employee's access
+            # (a ``custom``-scope skill needs its tool bound) from it, not from a row.
+            bound_tools=profile.tools,
         )
         if profile.secrets:
             journal = ScrubbingJournal(journal, profile.secrets)

@@ -29,7 +29,7 @@ from loops.invokers import LeaseLost, StepJournal, StepRecord, ToolCallRefused
 from orchestrator.runtime.dispatch import ERRORS, Disposition, PlannedCall, StepPlan, Toolset
 from orchestrator.runtime.history import APPROVED, FINISHED, GATED, STARTED, Log, ModelEntry
 from orchestrator.runtime.history import result_text as recorded_text
-from orchestrator.runtime.tools.base import Tool, ToolContext, ToolError, ToolResult
+from orchestrator.runtime.tools.base import Invocation, Tool, ToolContext, ToolError, ToolResult
 from orchestrator.runtime.truncation import truncate_output
 from orchestrator.runtime.types import Effect
 from orchestrator.runtime.validation import Invalid, validate_arguments
@@ -162,12 +162,15 @@ class StepExecutor:
         limits: ExecutionLimits,
         workdir: str | None,
         files_written: set[str],
+        invocation: Invocation | None = None,
     ) -> None:
         self.journal = journal
         self.toolset = toolset
         self.limits = limits
         self.workdir = workdir
         self.files_written = files_written
+        #: Who makes the calls: every call's context carries it (``ToolContext.invocation``).
+        self.invocation = invocation
 
     async def settle(self, entry: ModelEntry, plan: StepPlan, log: Log) -> Settlement:
         """Give every call of ``entry`` a result, acting only on calls with none persisted.
@@ -293,6 +296,7 @@ class StepExecutor:
             call_id=planned.call.id,
             reissued=False,
             files_written=self.files_written,
+            invocation=self.invocation,
         )
         result = await execute_tool(tool, arguments, context, self.limits)
         shown = _with_notices(result, [planned.warning])
@@ -364,6 +368,7 @@ class StepExecutor:
             call_id=planned.call.id,
             reissued=reissued,
             files_written=self.files_written,
+            invocation=self.invocation,
         )
         result = await execute_tool(tool, arguments, context, self.limits)
         return await self._complete(seq, planned, result)

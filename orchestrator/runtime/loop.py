@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -50,6 +50,7 @@ from orchestrator.runtime.history import (
 )
 from orchestrator.runtime.policy import ToolPolicy
 from orchestrator.runtime.repetition import RepetitionLimits, RepetitionState
+from orchestrator.runtime.tools.base import Invocation
 from orchestrator.runtime.tools.registry import ToolRegistry, tool_schema
 from orchestrator.runtime.types import (
     ChatRequest,
@@ -75,6 +76,8 @@ PolicyProvider = Callable[[InvocationRequest], ToolPolicy | Awaitable[ToolPolicy
 """Invocation → the tool policy of its compiled harness (the harness planner's output)."""
 PromptProvider = Callable[[InvocationRequest], str | Awaitable[str]]
 """Invocation → system prompt (the employee's prompt, memory context, ...)."""
+BoundTools = Collection[str] | Callable[[InvocationRequest], Collection[str]]
+"""The tools the invocation's employee binds (or, per invocation, a function giving them)."""
 
 CORRECTION_NOTICE = "output_correction"
 
@@ -228,12 +231,19 @@ class ToolLoopInvoker:
         policy: PolicyProvider,
         settings: LoopSettings | Callable[[InvocationRequest], LoopSettings] = LoopSettings(),
         system_prompt: PromptProvider = prompts.default_system_prompt,
+        bound_tools: BoundTools = (),
     ) -> None:
         self.model_clients = model_clients
         self.tools = tools
         self.policy = policy
         self.settings = settings
         self.system_prompt = system_prompt
+        self.bound_tools = bound_tools
+
+    def invocation_of(self, request: InvocationRequest) -> Invocation:
+        """Who the calls of ``request`` are made by, as every call's ``ToolContext`` carries it."""
+        bound = self.bound_tools(request) if callable(self.bound_tools) else self.bound_tools
+        return tool_invocation(request, bound)
 
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
         """Carry out (or continue) one invocation. LeaseLost and cancellation propagate."""
@@ -250,6 +260,20 @@ class ToolLoopInvoker:
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="model_unavailable", reason=str(exc)
             )
+
+
+def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = ()) -> Invocation:
+    """The :class:`Invocation` a tool call of ``request`` carries: the run, role, employee, the
+    role's harness settings and the pattern's autoAllowlist, all from the request itself."""
+    return Invocation(
+        run_id=request.run_id,
+        role=str(request.role),
+        name=request.invocation,
+        employee=request.employee_username,
+        harness=(request.harness or {}).get("settings"),
+        bound_tools=frozenset(bound_tools),
+        auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
+    )
 
 
 class _Invocation:
@@ -284,6 +308,7 @@ class _Invocation:
             limits=self.settings.execution_limits(),
             workdir=self.request.workdir,
             files_written=log.files_written,
+            invocation=self.owner.invocation_of(self.request),
         )
         step = _Stepper(self, conversation, executor, log)
         # Replay: settled steps only rebuild the conversation; the last one may still have

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +26,30 @@ class ToolResult:
     files_written: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Invocation:
+    """Who makes a tool call: the run invocation it belongs to, as plain data.
+
+    The loop that builds a call's :class:`ToolContext` sets it from the invocation it carries
+    out, so a tool authorises and attributes its call from this, never by finding a row (which
+    may not be written yet when the call runs)."""
+
+    run_id: uuid.UUID
+    #: ``leader``, ``maker`` or ``verifier``.
+    role: str
+    #: The invocation's name within the run: ``leader``, ``maker:0``, ``verifier``.
+    name: str
+    #: The AI employee playing the role (its username).
+    employee: str
+    #: The compiled harness settings of the role's snapshot (fixed for the run); ``None`` when
+    #: the run has no snapshot for the role, which denies whatever the harness must allow.
+    harness: Mapping[str, Any] | None = None
+    #: The tools the employee binds (its ``tools`` list, as read when the invocation began).
+    bound_tools: frozenset[str] = frozenset()
+    #: The run pattern's ``approvals.autoAllowlist``: tools whose ``ask`` is waived.
+    auto_allowlist: frozenset[str] = frozenset()
+
+
 @dataclass
 class ToolContext:
     """Everything a tool call may rely on besides its arguments."""
@@ -41,6 +67,8 @@ class ToolContext:
     files_written: set[str] = field(default_factory=set)
     #: Set when the call is cancelled or times out; work running in a thread polls it.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Who makes the call; ``None`` outside a run (a tool that needs a caller refuses then).
+    invocation: Invocation | None = None
 
     def remaining(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)

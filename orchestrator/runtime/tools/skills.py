@@ -6,12 +6,13 @@ enabled skill (docs/skills.md).
 Django's ORM may not run, so the provider reads the skills in a worker thread and keeps the
 list for ``CACHE_SECONDS``: a new or changed skill reaches running loops within that time.
 
-A call resolves who is calling from its idempotency key (``<run id>:<step>:<call>``): the step's
-role and invocation give the employee (the run's role bindings), its harness snapshot and the
-tools it binds. The skill then goes through the same service as the API (scope and harness
-check, input validation, rate limit, execution row, ``skills`` queue), keyed by the call's
-idempotency key, so a call re-issued after a crash finds its execution instead of running the
-program twice. The tool waits for the result until its own deadline.
+A call knows who is calling from its context (``ToolContext.invocation``, plain data the loop
+sets: the run, the employee, its role's harness settings, the tools it binds and the pattern's
+autoAllowlist), never from a row; a call whose context has no invocation is refused. The skill
+then goes through the same service as the API (scope and harness check, input validation, rate
+limit, execution row, ``skills`` queue), keyed by the call's idempotency key, so a call
+re-issued after a crash finds its execution instead of running the program twice. The tool
+waits for the result until its own deadline.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from orchestrator.runtime.tools.base import Tool, ToolContext, ToolError, ToolResult
+from orchestrator.runtime.tools.base import Invocation, Tool, ToolContext, ToolError, ToolResult
 from orchestrator.runtime.types import Effect, ToolSpec
+
+if TYPE_CHECKING:
+    from skillhub.services.access import Caller
 
 EXECUTE = "skill_hub_execute"
 PREFIX = "skill_hub_"
@@ -184,47 +188,34 @@ class SkillExecuteTool:
         return await skill_call(name, arguments.get("inputs") or {}, context, generic=True)
 
 
-def _caller_of(idempotency_key: str) -> Any:
-    """The employee calling, from the call's ``<run id>:<step seq>:<call index>`` key."""
-    from loops.models import LoopRun, LoopStep
-    from orchestrator.agents.models import Employee
+#: The answer to a skill call made outside a run (its context carries no invocation).
+NO_INVOCATION = "Skill tools run only inside a loop run; this call has none."
+
+
+def _caller_of(invocation: Invocation) -> Caller:
+    """The employee calling, from the invocation the call's context carries (plain data set
+    by the loop: no row is read, so the call works whenever its model step is written). Its
+    access to the skill is then checked from this and the skill's own rows."""
     from skillhub.services.access import Caller
 
-    try:
-        # ``<run>:<seq>:<call>``, or ``...:approval:<id>`` for an approved call.
-        run_part, seq_part = idempotency_key.split(":")[:2]
-        run_id, seq = uuid.UUID(run_part), int(seq_part)
-        step = LoopStep.objects.get(run_id=run_id, seq=seq)
-    except (ValueError, LoopStep.DoesNotExist) as exc:
-        raise ToolError("Skill tools run only inside a loop run; this call has none.") from exc
-    run = LoopRun.objects.get(pk=run_id)
-    bindings = run.role_bindings or {}
-    snaps = run.harness_snapshots or {}
-    if step.role == "maker":
-        index = int(step.invocation.split(":")[1]) if ":" in step.invocation else 0
-        employee = list(bindings.get("makers") or [])[index]
-        snapshot = (snaps.get("makers") or {}).get(employee) or {}
-    else:
-        employee = bindings.get(step.role)
-        snapshot = snaps.get(step.role) or {}
-    tools = Employee.objects.filter(username=employee).values_list("tools", flat=True).first()
-    allowlist = ((run.policy_snapshot or {}).get("approvals") or {}).get("autoAllowlist") or []
     return Caller.for_employee(
-        str(employee),
-        harness=snapshot.get("settings"),
-        bound_tools=frozenset(tools or ()),
-        run_id=run_id,
-        auto_allowlist=frozenset(allowlist),
+        invocation.employee,
+        harness=invocation.harness,
+        bound_tools=invocation.bound_tools,
+        run_id=invocation.run_id,
+        auto_allowlist=invocation.auto_allowlist,
     )
 
 
-def _request(name: str, inputs: Any, key: str, generic: bool) -> tuple[str, float]:
+def _request(
+    name: str, inputs: Any, key: str, invocation: Invocation, generic: bool
+) -> tuple[str, float]:
     from orchestrator.errors import DomainError
     from skillhub.services.calls import QUEUE_GRACE_SECONDS
     from skillhub.services.executions import execution_request
     from skillhub.services.skills import skill_get
 
-    caller = _caller_of(key)
+    caller = _caller_of(invocation)
     try:
         skill = skill_get(tool_name=name)
         execution = execution_request(
@@ -246,9 +237,10 @@ async def skill_call(name: str, inputs: Any, context: ToolContext, *, generic: b
     """Request the execution (thread), then wait for its result without blocking the loop."""
     from skillhub.services.executions import execution_summary, execution_wait_async
 
-    execution_id, wait = await _in_pool(
-        lambda: _request(name, inputs, context.idempotency_key, generic)
-    )
+    if context.invocation is None:  # refused before anything reaches the database
+        raise ToolError(NO_INVOCATION)
+    key, invocation = context.idempotency_key, context.invocation
+    execution_id, wait = await _in_pool(lambda: _request(name, inputs, key, invocation, generic))
     execution = await execution_wait_async(
         execution_id=uuid.UUID(execution_id),
         timeout=min(wait, context.remaining()),
