@@ -37,7 +37,7 @@ from loops.models import (
     TriggerType,
 )
 from orchestrator.agents.models import Employee, ModelEndpoint
-from orchestrator.runtime.secrets import api_key_configured
+from orchestrator.runtime.secrets import api_key_configured, current_secret_rule
 
 #: Heavy JSON columns a runs table never shows.
 _LIST_DEFER = ("harness_snapshots", "policy_snapshot", "cursor", "result", "inputs", "goal")
@@ -445,6 +445,11 @@ class EndpointView:
 
     endpoint: ModelEndpoint
     key_configured: bool
+
+    @property
+    def key_refused(self) -> str | None:
+        """Why the secret rule refuses its ``api_key_env`` (a row older than the rule)."""
+        return current_secret_rule().check(self.endpoint.api_key_env)
 
 
 def endpoints() -> list[EndpointView]:

@@ -15,6 +15,18 @@ from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+from orchestrator.runtime.outbound import (
+    OutboundPolicy,
+    OutboundRefused,
+    check_url,
+    parse_hosts,
+    parse_private_mode,
+    parse_schemes,
+)
+from orchestrator.runtime.secrets import parse_secret_rule
+from skillhub.services.localdir import parse_local_roots
 
 django_stubs_ext.monkeypatch()
 
@@ -205,8 +217,47 @@ LOOPWRIGHT: dict[str, Any] = {
     "CRON_GRACE_SECONDS": env_float("LOOPWRIGHT_CRON_GRACE_SECONDS", 60.0),
 }
 
+# --- Outbound guard and server secrets (docs/security.md) ----------------------------------------
+# Parsed here so that a bad value stops every process at start, naming the variable.
+try:
+    LOOPWRIGHT_OUTBOUND: dict[str, Any] = {
+        # Loopback and private ranges for model endpoints, webhooks and Git import: allow | deny.
+        "PRIVATE": parse_private_mode(os.environ.get("LOOPWRIGHT_OUTBOUND_PRIVATE")),
+        # Git import: URL schemes (http, https) and hosts (empty: any host the guard allows).
+        "GIT_SCHEMES": parse_schemes(
+            os.environ.get("LOOPWRIGHT_GIT_SCHEMES"),
+            setting="LOOPWRIGHT_GIT_SCHEMES",
+            default="https",
+            permitted=("http", "https"),
+        ),
+        "GIT_HOSTS": parse_hosts(
+            os.environ.get("LOOPWRIGHT_GIT_HOSTS"), setting="LOOPWRIGHT_GIT_HOSTS"
+        ),
+    }
+    # Variables a model endpoint (or any connector) may name as its key: under the prefix, or
+    # on the allow list; never one of the server's own.
+    LOOPWRIGHT_SECRETS = parse_secret_rule(
+        os.environ.get("LOOPWRIGHT_SECRET_PREFIX"), os.environ.get("LOOPWRIGHT_SECRET_ALLOW")
+    )
+    if LOOPWRIGHT["APPROVAL_WEBHOOK_URL"]:
+        _webhook_policy = OutboundPolicy(private=LOOPWRIGHT_OUTBOUND["PRIVATE"])
+        check_url(LOOPWRIGHT["APPROVAL_WEBHOOK_URL"], _webhook_policy)
+except (ValueError, OutboundRefused) as _exc:
+    _which = "LOOPWRIGHT_APPROVAL_WEBHOOK_URL: " if isinstance(_exc, OutboundRefused) else ""
+    raise ImproperlyConfigured(f"{_which}{_exc}") from None
+
+# --- Skill Hub local-dir roots (docs/skills.md) ---------------------------------------------------
+# Folders local-dir skills may be copied from; none by default. A relative path, '/' or a host
+# system directory stops every process at start, naming the variable.
+try:
+    _SKILL_LOCAL_ROOTS = parse_local_roots(os.environ.get("LOOPWRIGHT_SKILL_LOCAL_ROOTS"))
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
+
 # --- Skill Hub (docs/skills.md) -----------------------------------------------------------------
 SKILLHUB: dict[str, Any] = {
+    # Absolute folders local-dir skills must lie in (skillhub.services.localdir); () = none.
+    "LOCAL_ROOTS": _SKILL_LOCAL_ROOTS,
     # The Celery queue skill executions are sent to (a skills worker runs ``-Q <it>``).
     "QUEUE": os.environ.get("LOOPWRIGHT_SKILL_QUEUE", "skills"),
     # Executions each principal (API user or AI employee) may request per minute.

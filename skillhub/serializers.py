@@ -158,7 +158,8 @@ class TemplateSerializer(serializers.Serializer[Any]):
 
 class GitSourceSerializer(serializers.Serializer[Any]):
     repository = serializers.CharField(
-        max_length=1000, help_text="A local repository path or a git URL."
+        max_length=1000,
+        help_text="An https:// Git URL (schemes and hosts: LOOPWRIGHT_GIT_SCHEMES, _HOSTS).",
     )
     ref = serializers.CharField(max_length=200, required=False, default="HEAD")
     apply = serializers.BooleanField(

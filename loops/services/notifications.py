@@ -2,7 +2,8 @@
 Slack-compatible ``text``) and e-mail through Django's e-mail backend, when configured.
 
 Sent from a Celery task after the transaction commits, so a slow or failing receiver never
-delays a run; delivery is best effort and logged.
+delays a run; delivery is best effort and logged. The webhook goes through the outbound guard
+(docs/security.md): checked addresses only, no redirects followed, 10 s in all, 16 MiB at most.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from django.core.mail import send_mail
 from django.db import transaction
 
 from loops.models import ActionApproval
+from orchestrator.runtime import outbound, outbound_http
 
 logger = logging.getLogger(__name__)
+#: The webhook's whole answer, connecting included, must arrive within this many seconds.
+WEBHOOK_TIMEOUT_SECONDS = 10.0
 
 
 def notify_approvals(approval_ids: list[uuid.UUID]) -> None:
@@ -56,17 +60,12 @@ def approval_message(approval: ActionApproval) -> dict[str, Any]:
 
 
 def deliver_approval_notifications(approval_ids: list[str]) -> None:
-    import httpx2
-
     webhook = settings.LOOPWRIGHT["APPROVAL_WEBHOOK_URL"]
     emails = [e for e in settings.LOOPWRIGHT["APPROVAL_EMAILS"].split(",") if e.strip()]
     for approval in ActionApproval.objects.filter(id__in=approval_ids):
         message = approval_message(approval)
         if webhook:
-            try:
-                httpx2.post(webhook, json=message, timeout=10).raise_for_status()
-            except Exception as exc:  # best effort; never fails the run
-                logger.warning("approval webhook failed: %s", type(exc).__name__)
+            _post_webhook(webhook, message)
         if emails:
             send_mail(
                 subject=f"[Loopwright] approval needed: {approval.tool_name}",
@@ -75,3 +74,14 @@ def deliver_approval_notifications(approval_ids: list[str]) -> None:
                 recipient_list=emails,
                 fail_silently=True,
             )
+
+
+def _post_webhook(url: str, message: dict[str, Any]) -> None:
+    """POST one notice through the outbound guard; failures are logged, never raised."""
+    policy = outbound.current_policy()
+    try:
+        outbound_http.post_json(url, message, policy=policy, timeout=WEBHOOK_TIMEOUT_SECONDS)
+    except outbound.OutboundRefused as exc:
+        logger.warning("approval webhook refused: %s", exc)
+    except Exception as exc:  # best effort; never fails the run
+        logger.warning("approval webhook failed: %s", type(exc).__name__)

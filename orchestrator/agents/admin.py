@@ -35,7 +35,15 @@ class ModelEndpointAdmin(admin.ModelAdmin[ModelEndpoint]):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     fieldsets = (
         (None, {"fields": ("name", "provider", "base_url", "model", "script")}),
-        ("Credentials", {"fields": ("api_key_env",), "description": "Only the variable's name."}),
+        (
+            "Credentials",
+            {
+                "fields": ("api_key_env",),
+                "description": "Only the variable's name: it must start with the secret prefix "
+                "(LOOPWRIGHT_SECRET_PREFIX, default LOOPWRIGHT_SECRET_) or be listed in "
+                "LOOPWRIGHT_SECRET_ALLOW; the server's own variables are refused.",
+            },
+        ),
         ("Parameters", {"fields": ("params", "context_window")}),
         ("Cost", {"fields": ("input_price_per_token", "output_price_per_token")}),
         (

@@ -29,7 +29,7 @@ from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
 from orchestrator.runtime.policy import ToolPolicy
 from orchestrator.runtime.prompts import default_system_prompt
 from orchestrator.runtime.scrub import ScrubbingJournal, scrub_outcome, secret_values
-from orchestrator.runtime.secrets import api_key_from_env
+from orchestrator.runtime.secrets import Secret, SecretNotAllowed, api_key_from_env
 from orchestrator.runtime.tools import (
     DirectoryLedger,
     FileToolConfig,
@@ -70,9 +70,18 @@ def _read_profile(username: str) -> EmployeeProfile:
         ),
         client=model_client_for_employee(employee),
         secrets=secret_values(
-            [api_key_from_env(c.api_key_env) for c in employee_endpoint_config(employee).chain()]
+            [_allowed_key(c.api_key_env) for c in employee_endpoint_config(employee).chain()]
         ),
     )
+
+
+def _allowed_key(env_name: str) -> Secret | None:
+    """The key to scrub from the run's records; None for a name the secret rule refuses (the
+    model client never reads it, so that endpoint fails and the chain fails over)."""
+    try:
+        return api_key_from_env(env_name)
+    except SecretNotAllowed:
+        return None
 
 
 #: When the employee, its endpoint and its failover chain last changed: one short query, so a

@@ -7,18 +7,22 @@ parameters of spec/001, validated by :class:`orchestrator.runtime.model_client.M
 
 from __future__ import annotations
 
+import re
+
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from pydantic import ValidationError as PydanticValidationError
 
+from orchestrator.guard import endpoint_problems
 from orchestrator.runtime.model_client import ModelParams
 from orchestrator.runtime.scripted import load_script
 
 ENV_NAME_VALIDATOR = RegexValidator(
     r"^[A-Za-z_][A-Za-z0-9_]*$", "Use an environment variable name such as OPENAI_API_KEY."
 )
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Provider(models.TextChoices):
@@ -112,6 +116,16 @@ class ModelEndpoint(models.Model):
                 load_script(self.script or "demo")
             except ValueError as exc:
                 raise ValidationError({"script": str(exc)}) from None
+        # The secret rule and the outbound guard (docs/security.md); the call path checks both
+        # again, for rows written before these rules or past this method.
+        problems = endpoint_problems(
+            provider=self.provider,
+            base_url=self.base_url,
+            # A name the field's own validator refuses gets that message alone.
+            api_key_env=self.api_key_env if _ENV_NAME.match(self.api_key_env or "") else "",
+        )
+        if problems:
+            raise ValidationError(problems)
 
 
 class FailoverRoute(models.Model):

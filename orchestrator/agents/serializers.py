@@ -1,19 +1,24 @@
 """API shapes of model endpoints and AI employees.
 
 Responses never contain an API key: only ``api_key_env`` (the variable's name) and
-``api_key_configured`` (whether that variable is set in this process). A request that tries to
-send a key is refused rather than silently ignored, so nobody believes it was stored.
+``api_key_configured`` (whether that variable is allowed and set in this process). A request
+that tries to send a key is refused rather than silently ignored, so nobody believes it was
+stored. The secret rule and the outbound guard are checked when the row is saved (the model's
+``clean``, run by the services), so the API, the admin and commands refuse alike.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import URLValidator
 from drf_spectacular.utils import extend_schema_field
 from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
+from orchestrator.runtime import outbound
 from orchestrator.runtime.model_client import ModelParams
 from orchestrator.runtime.secrets import api_key_configured
 
@@ -91,9 +96,32 @@ class FailoverRouteSerializer(serializers.ModelSerializer[FailoverRoute]):
         extra_kwargs = {"model": {"help_text": "Model override; empty keeps the target's."}}
 
 
+def _guard_base_url(value: str) -> None:
+    """The outbound guard's static checks first, so that a hostile URL is refused with the
+    rule (not only "Enter a valid URL."); its addresses are checked when the row is saved."""
+    if not value:
+        return
+    try:
+        outbound.check_url(value, outbound.current_policy())
+    except outbound.OutboundRefused as exc:
+        raise serializers.ValidationError(f"base_url refused: {exc}") from None
+    try:
+        URLValidator()(value)
+    except DjangoValidationError:
+        raise serializers.ValidationError("Enter a valid URL.") from None
+
+
 class ModelEndpointSerializer(serializers.ModelSerializer[ModelEndpoint]):
     api_key_configured = serializers.SerializerMethodField(
-        help_text="Whether the api_key_env variable is set in this server process."
+        help_text="Whether the api_key_env variable is allowed and set in this server process."
+    )
+    base_url = serializers.CharField(
+        max_length=500,
+        allow_blank=True,
+        required=False,
+        validators=[_guard_base_url],
+        help_text="http(s) URL ending in /v1; checked by the outbound guard (docs/security.md) "
+        "when saved and on every connection.",
     )
     params = ModelParamsField()
     failover = FailoverRouteSerializer(
@@ -123,6 +151,11 @@ class ModelEndpointSerializer(serializers.ModelSerializer[ModelEndpoint]):
         ]
         read_only_fields = ["created_at", "updated_at"]
         extra_kwargs = {
+            "api_key_env": {
+                "help_text": "Name of the environment variable holding the key: it must start "
+                "with LOOPWRIGHT_SECRET_ (LOOPWRIGHT_SECRET_PREFIX) or be listed in "
+                "LOOPWRIGHT_SECRET_ALLOW, and never be one of the server's own variables."
+            },
             "max_retries": {"min_value": 0, "max_value": 10},
             "timeout_seconds": {"min_value": 0.001},
             "circuit_cooldown_seconds": {"min_value": 1},

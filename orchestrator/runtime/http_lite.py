@@ -6,8 +6,13 @@ origin (scheme, host, port) on the event loop that made them; the protocol itsel
 HTTP/1.1 transport is built on. What it leaves out is httpx's generality (auth flows, redirects,
 cookies, proxies, HTTP/2, the transport and pool layers over anyio), which cost more CPU per call
 than the rest of a tool-loop step (``docs/performance.md``). The model client uses it only where
-that generality is not needed: a pooled event loop, an ``http``/``https`` URL, no proxy in the
-environment (httpx honours ``HTTP(S)_PROXY``; such calls keep going through httpx).
+that generality is not needed: a pooled event loop, an ``http``/``https`` URL.
+
+Every new connection goes through the outbound guard (``orchestrator/runtime/outbound.py``):
+the host is resolved, every address checked against the policy, and the connection made to a
+checked address (TLS keeps the host name for SNI and certificate checks, ``Host`` keeps it
+too). Kept-alive connections are keyed by the policy that checked them and reused without a new
+lookup. Bodies are capped at the policy's ``max_body_bytes`` (decoded).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import ssl
 import zlib
 from collections.abc import Mapping
@@ -25,10 +29,13 @@ from urllib.parse import urlsplit
 
 import h11
 
+from orchestrator.runtime import outbound
+from orchestrator.runtime.outbound import OutboundPolicy, ResponseTooLarge
+
 #: Idle keep-alive connections kept per origin.
 IDLE_PER_ORIGIN = 256
-_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 _CHUNK = 65536
+Origin = tuple[str, str, int]
 
 
 class HttpError(Exception):
@@ -60,11 +67,6 @@ class Response:
         return json.loads(self.content)
 
 
-def proxies_configured(environ: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return any(env.get(name) or env.get(name.upper()) for name in _PROXY_VARIABLES)
-
-
 @dataclass
 class _Connection:
     reader: asyncio.StreamReader
@@ -83,7 +85,7 @@ class Pool:
 
     def __init__(self, ssl_context: ssl.SSLContext) -> None:
         self.ssl_context = ssl_context
-        self.idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self.idle: dict[tuple[Origin, OutboundPolicy], list[_Connection]] = {}
         self.closed = False
 
     async def post_json(
@@ -93,10 +95,15 @@ class Pool:
         headers: Mapping[str, str],
         *,
         connect_timeout: float,
+        policy: OutboundPolicy | None = None,
     ) -> Response:
         """POST ``body`` as JSON and read the whole answer. The caller bounds the total time
-        (``asyncio.timeout``); a cancelled call closes its connection."""
+        (``asyncio.timeout``); a cancelled call closes its connection. A new connection is made
+        only to an address ``policy`` (default: the process-wide one) allows, else
+        :class:`outbound.OutboundRefused`."""
+        policy = policy or outbound.current_policy()
         origin, target, host_header = _origin(url)
+        key = (origin, policy)
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         request = h11.Request(
             method="POST",
@@ -110,39 +117,39 @@ class Pool:
                 *headers.items(),
             ],
         )
-        connection = self._idle_connection(origin)
+        connection = self._idle_connection(key)
         if connection is not None:
             try:
-                return await self._send(origin, connection, request, payload)
+                return await self._send(key, connection, request, payload)
             except _Unanswered:
                 pass  # a kept-alive connection the server had ended: once more, on a new one
-        connection = await self._connect(origin, connect_timeout)
+        connection = await self._connect(origin, connect_timeout, policy)
         try:
-            return await self._send(origin, connection, request, payload)
+            return await self._send(key, connection, request, payload)
         except _Unanswered as exc:
             raise HttpError(str(exc)) from None
 
     async def _send(
         self,
-        origin: tuple[str, str, int],
+        key: tuple[Origin, OutboundPolicy],
         connection: _Connection,
         request: h11.Request,
         payload: bytes,
     ) -> Response:
         done = False
         try:
-            response = await _exchange(connection, request, payload)
+            response = await _exchange(connection, request, payload, key[1].max_body_bytes)
             done = True
         except (OSError, h11.ProtocolError, zlib.error) as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from None
         finally:
             if not done:
                 connection.close()
-        self._release(origin, connection)
+        self._release(key, connection)
         return response
 
-    def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
-        idle = self.idle.get(origin)
+    def _idle_connection(self, key: tuple[Origin, OutboundPolicy]) -> _Connection | None:
+        idle = self.idle.get(key)
         while idle:
             connection = idle.pop()
             if connection.reusable():
@@ -150,25 +157,38 @@ class Pool:
             connection.close()  # the server ended it while it was idle
         return None
 
-    async def _connect(self, origin: tuple[str, str, int], timeout: float) -> _Connection:
+    async def _connect(self, origin: Origin, timeout: float, policy: OutboundPolicy) -> _Connection:
+        """A new connection to a checked address of the origin's host (the guard's rules)."""
         scheme, host, port = origin
+        if scheme not in policy.schemes:
+            allowed = ", ".join(sorted(policy.schemes))
+            raise outbound.OutboundRefused(
+                "scheme", f"scheme {scheme!r} is not allowed ({allowed})"
+            )
         context = self.ssl_context if scheme == "https" else None
+        failure = ""
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    host, port, ssl=context, server_hostname=host if context else None
-                )
+                for address in await outbound.resolve_checked_async(host, port, policy):
+                    try:
+                        reader, writer = await asyncio.open_connection(
+                            address, port, ssl=context, server_hostname=host if context else None
+                        )
+                    except OSError as exc:
+                        failure = f"{type(exc).__name__}: {exc}"
+                        continue
+                    return _Connection(reader, writer, h11.Connection(h11.CLIENT))
         except TimeoutError:
             raise HttpError(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
         except OSError as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from None
-        return _Connection(reader, writer, h11.Connection(h11.CLIENT))
+        raise HttpError(failure or f"no address of {host} answered")
 
-    def _release(self, origin: tuple[str, str, int], connection: _Connection) -> None:
+    def _release(self, key: tuple[Origin, OutboundPolicy], connection: _Connection) -> None:
         protocol = connection.protocol
         if protocol.our_state is h11.DONE and protocol.their_state is h11.DONE:
             protocol.start_next_cycle()
-            idle = self.idle.setdefault(origin, [])
+            idle = self.idle.setdefault(key, [])
             if not self.closed and len(idle) < IDLE_PER_ORIGIN and connection.reusable():
                 idle.append(connection)
                 return
@@ -186,7 +206,7 @@ class Pool:
                     await connection.writer.wait_closed()
 
 
-def _origin(url: str) -> tuple[tuple[str, str, int], str, str]:
+def _origin(url: str) -> tuple[Origin, str, str]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -203,7 +223,9 @@ def _origin(url: str) -> tuple[tuple[str, str, int], str, str]:
     return (scheme, host, port), target, host_header
 
 
-async def _exchange(connection: _Connection, request: h11.Request, payload: bytes) -> Response:
+async def _exchange(
+    connection: _Connection, request: h11.Request, payload: bytes, limit: int
+) -> Response:
     protocol, reader, writer = connection.protocol, connection.reader, connection.writer
     data = protocol.send(request) or b""
     data += protocol.send(h11.Data(data=payload)) or b""
@@ -217,15 +239,7 @@ async def _exchange(connection: _Connection, request: h11.Request, payload: byte
     while True:
         event = protocol.next_event()
         if event is h11.NEED_DATA:
-            try:
-                chunk = await reader.read(_CHUNK)
-            except ConnectionError as exc:
-                if status == 0:
-                    raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
-                raise
-            if not chunk and status == 0:
-                raise _Unanswered("the server closed the connection before answering")
-            protocol.receive_data(chunk)  # b"" is the end of the stream (h11 judges it)
+            await _read_more(reader, protocol, answered=status != 0)
             continue
         if isinstance(event, h11.InformationalResponse):
             continue
@@ -234,21 +248,46 @@ async def _exchange(connection: _Connection, request: h11.Request, payload: byte
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
         elif isinstance(event, h11.Data):
             body += event.data
+            if len(body) > limit:
+                raise ResponseTooLarge(limit)
         elif isinstance(event, h11.EndOfMessage):
             break
         elif isinstance(event, h11.ConnectionClosed):
             raise HttpError("the server closed the connection before answering")
-    return Response(status, headers, _decoded(bytes(body), headers.get("content-encoding", "")))
+    encoding = headers.get("content-encoding", "")
+    return Response(status, headers, _decoded(bytes(body), encoding, limit))
 
 
-def _decoded(body: bytes, encoding: str) -> bytes:
-    """The body as sent, undoing a ``Content-Encoding`` a server applied unasked."""
+async def _read_more(
+    reader: asyncio.StreamReader, protocol: h11.Connection, *, answered: bool
+) -> None:
+    try:
+        chunk = await reader.read(_CHUNK)
+    except ConnectionError as exc:
+        if not answered:
+            raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
+        raise
+    if not chunk and not answered:
+        raise _Unanswered("the server closed the connection before answering")
+    protocol.receive_data(chunk)  # b"" is the end of the stream (h11 judges it)
+
+
+def _decoded(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as sent, undoing a ``Content-Encoding`` a server applied unasked; at most
+    ``limit`` decoded bytes (a compressed bomb stops there)."""
     encoding = encoding.strip().lower()
     if encoding == "gzip":
-        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        return _inflate(zlib.decompressobj(16 + zlib.MAX_WBITS), body, limit)
     if encoding == "deflate":
         try:
-            return zlib.decompress(body)
+            return _inflate(zlib.decompressobj(), body, limit)
         except zlib.error:
-            return zlib.decompress(body, -zlib.MAX_WBITS)
+            return _inflate(zlib.decompressobj(-zlib.MAX_WBITS), body, limit)
     return body
+
+
+def _inflate(decoder: Any, body: bytes, limit: int) -> bytes:
+    data: bytes = decoder.decompress(body, limit + 1)
+    if len(data) > limit or decoder.unconsumed_tail:
+        raise ResponseTooLarge(limit)
+    return data

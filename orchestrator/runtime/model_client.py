@@ -15,7 +15,10 @@ the endpoint chain (the primary, then its failover endpoints by priority):
    at once with ``ModelCallFailed(retryable=False)``.
 
 When every endpoint failed, :class:`ModelCallFailed` says whether a later retry may help.
-The API key is read from the environment on every call and masked in every message.
+The API key is read from the environment on every call (only a variable the secret rule allows,
+:func:`secrets.check_secret_name`) and masked in every message. Every connection goes through
+the outbound guard (:mod:`orchestrator.runtime.outbound`): a refused address fails the endpoint
+without a request.
 """
 
 from __future__ import annotations
@@ -37,9 +40,17 @@ from typing import Any, Literal
 import httpx2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchestrator.runtime import http_lite
+from orchestrator.runtime import http_lite, outbound, outbound_http
 from orchestrator.runtime.breaker import Admission, CircuitBreaker, Verdict
-from orchestrator.runtime.secrets import Secret, api_key_from_env, redact
+from orchestrator.runtime.outbound import OutboundPolicy
+from orchestrator.runtime.secrets import (
+    Secret,
+    SecretNotAllowed,
+    SecretRule,
+    api_key_from_env,
+    current_secret_rule,
+    redact,
+)
 from orchestrator.runtime.streaming import (
     DEFAULT_AUTO_WINDOW_SECONDS,
     RoutedAsPlainText,
@@ -379,7 +390,8 @@ class OpenAICompatibleClient:
     upgraded to ``drain`` on the instance by the self-healing path, and stays there until a new
     instance is built from the configuration (spec/001: "a restart restores the configured
     value"). ``now`` (epoch seconds) drives the breaker; ``sleep`` the backoff; both are
-    injectable for tests.
+    injectable for tests. ``outbound`` and ``secret_rule`` default to the process-wide policy
+    and rule; an injected ``http_client`` (a test seam) bypasses the outbound guard.
     """
 
     def __init__(
@@ -395,6 +407,8 @@ class OpenAICompatibleClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         environ: Mapping[str, str] | None = None,
         rng: random.Random | None = None,
+        outbound: OutboundPolicy | None = None,
+        secret_rule: SecretRule | None = None,
     ) -> None:
         self.config = config
         self.breaker = breaker
@@ -406,6 +420,8 @@ class OpenAICompatibleClient:
         self._sleep = sleep
         self._environ = os.environ if environ is None else environ
         self._rng = rng or random.Random()
+        self.outbound = outbound or _current_policy()
+        self.secret_rule = secret_rule or current_secret_rule()
 
     def __repr__(self) -> str:
         return f"<OpenAICompatibleClient endpoint={self.config.name!r} mode={self.stream_mode}>"
@@ -450,12 +466,12 @@ class OpenAICompatibleClient:
             return
         pool = _pool()
         if pool is not None:
-            async with pool.borrow() as client:
+            async with pool.borrow(self.outbound) as client:
                 yield client
             return
         # A client per call keeps connections tied to the caller's event loop and always
         # closed; the costly part (loading the trust store) is shared through the SSL context.
-        async with httpx2.AsyncClient(follow_redirects=False, verify=_ssl_context()) as client:
+        async with outbound_http.async_client(self.outbound, verify=_ssl_context()) as client:
             yield client
 
     async def _try_endpoint(
@@ -527,7 +543,10 @@ class OpenAICompatibleClient:
         admission: Admission,
         failed: list[int],
     ) -> ChatResponse:
-        key = api_key_from_env(target.api_key_env, self._environ)
+        try:
+            key = api_key_from_env(target.api_key_env, self._environ, rule=self.secret_rule)
+        except SecretNotAllowed as exc:
+            raise EndpointError("endpoint", f"{exc} (refused before any request)") from None
         if target.api_key_env and key is None:
             raise EndpointError("endpoint", f"API key variable {target.api_key_env} is not set")
         body = build_body(request, target)
@@ -595,6 +614,12 @@ class OpenAICompatibleClient:
         router: StreamRouter | None,
     ) -> ChatResponse:
         url = target.base_url.rstrip("/") + "/chat/completions"
+        try:
+            # The URL's static rules (a row edited past the save-time checks); addresses are
+            # checked on every new connection by the transports.
+            outbound.check_url_cached(url, self.outbound)
+        except outbound.OutboundRefused as exc:
+            raise EndpointError("endpoint", redact(str(exc), key)) from None
         headers = {"Authorization": f"Bearer {key.reveal()}"} if key else {}
         connect = min(10.0, target.timeout_seconds)
         timeout = httpx2.Timeout(target.timeout_seconds, connect=connect)
@@ -602,7 +627,9 @@ class OpenAICompatibleClient:
         try:
             if lite is not None:
                 async with asyncio.timeout(target.timeout_seconds):
-                    answer = await lite.post_json(url, body, headers, connect_timeout=connect)
+                    answer = await lite.post_json(
+                        url, body, headers, connect_timeout=connect, policy=self.outbound
+                    )
                 return _parse_response(answer, target, key)
             if router is None:
                 # The whole answer within the timeout (httpx's timeouts are per read).
@@ -612,6 +639,9 @@ class OpenAICompatibleClient:
             return await _stream(http, url, body, headers, timeout, target, key, router)
         except http_lite.BadUrl as exc:
             raise EndpointError("endpoint", redact(f"bad base URL: {exc}", key)) from None
+        except (outbound.OutboundRefused, outbound.ResponseTooLarge) as exc:
+            # Configuration, not a passing fault: no retry here; another endpoint may do.
+            raise EndpointError("endpoint", redact(str(exc), key)) from None
         except http_lite.HttpError as exc:
             raise EndpointError("transient", redact(str(exc), key)) from None
         except (httpx2.TimeoutException, TimeoutError):
@@ -623,6 +653,10 @@ class OpenAICompatibleClient:
         except httpx2.RequestError as exc:
             detail = redact(f"{type(exc).__name__}: {exc}", key)
             raise EndpointError("transient", detail) from None
+
+
+def _current_policy() -> OutboundPolicy:
+    return outbound.current_policy()
 
 
 @functools.cache
@@ -642,33 +676,36 @@ class _ClientPool:
     each), which costs more than the request once a driver holds a hundred runs."""
 
     def __init__(self) -> None:
-        self.idle: list[httpx2.AsyncClient] = []
+        self.idle: dict[OutboundPolicy, list[httpx2.AsyncClient]] = {}
         self.closed = False
-        #: The plain JSON calls' keep-alive connections (``http_lite``; none when the
-        #: environment names a proxy, which only httpx honours).
-        self.lite = None if http_lite.proxies_configured() else http_lite.Pool(_ssl_context())
+        #: The plain JSON calls' keep-alive connections (``http_lite``).
+        self.lite = http_lite.Pool(_ssl_context())
 
     @staticmethod
-    def _new() -> httpx2.AsyncClient:
+    def _new(policy: OutboundPolicy) -> httpx2.AsyncClient:
         limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
-        return httpx2.AsyncClient(follow_redirects=False, verify=_ssl_context(), limits=limits)
+        return outbound_http.async_client(policy, verify=_ssl_context(), limits=limits)
 
     @asynccontextmanager
-    async def borrow(self) -> AsyncIterator[httpx2.AsyncClient]:
-        client = self.idle.pop() if self.idle else self._new()
+    async def borrow(self, policy: OutboundPolicy) -> AsyncIterator[httpx2.AsyncClient]:
+        """An idle client whose connection ``policy`` checked, or a new one."""
+        idle = self.idle.get(policy)
+        client = idle.pop() if idle else self._new(policy)
         try:
             yield client
         finally:
-            if self.closed or len(self.idle) >= POOL_IDLE_CLIENTS:
+            idle = self.idle.setdefault(policy, [])
+            if self.closed or len(idle) >= POOL_IDLE_CLIENTS:
                 await client.aclose()
             else:
-                self.idle.append(client)
+                idle.append(client)
 
     async def close(self) -> None:
         self.closed = True
-        idle, self.idle = self.idle, []
-        for client in idle:
-            await client.aclose()
+        idle, self.idle = self.idle, {}
+        for clients in idle.values():
+            for client in clients:
+                await client.aclose()
         if self.lite is not None:
             await self.lite.close()
 

@@ -5,8 +5,10 @@ The row is the work item; the Celery message on the ``skills`` queue is only a w
 sent after the creating transaction commits. A worker claims the row with a conditional
 ``UPDATE`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) that sets owner, expiry and a new token;
 the result is written only ``WHERE lease_token = <its token>``, so a worker whose lease was
-taken over writes nothing. The poller (``skillhub.recover``) puts executions whose lease
-expired back in the queue, up to ``max_attempts``, then fails them with the reason.
+taken over writes nothing (``skillhub.services.results``: a write that cannot fail on content,
+and a result that still cannot be stored fails the execution once, never re-run). The poller
+(``skillhub.recover``) puts executions whose lease expired (a dead worker) back in the queue,
+up to ``max_attempts``, then fails them with the reason.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import uuid
 import zipfile
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -36,7 +37,6 @@ from skillhub.models import (
     ExecutionStatus,
     Skill,
     SkillExecution,
-    SkillOutputFile,
     SkillSource,
 )
 from skillhub.render import render, with_defaults
@@ -56,12 +56,18 @@ from skillhub.services.access import (
     skill_network,
 )
 from skillhub.services.events import event_append
+from skillhub.services.localdir import LocalCopy, local_dir_files
 from skillhub.services.packages import packages_missing, packages_missing_text
+from skillhub.services.results import (
+    ExecutionLease,
+    execution_fail,
+    execution_store,
+    storable,
+)
+from skillhub.services.skills import nul_pointers
 
 logger = logging.getLogger(__name__)
 _TABLE = SkillExecution._meta.db_table
-#: Largest local-dir skill folder copied into the sandbox.
-LOCAL_DIR_MAX_BYTES = 50 * MiB
 
 
 def _setting(name: str) -> Any:
@@ -75,6 +81,13 @@ def inputs_validate(skill: Skill, inputs: Any) -> dict[str, Any]:
     """The inputs with schema defaults, or InvalidInput with a pointer per problem."""
     if not isinstance(inputs, dict):
         raise InvalidInput("inputs must be a JSON object", errors=[_input_err([], "not an object")])
+    nul = nul_pointers(inputs, "/inputs")
+    if nul:
+        errors = [{"pointer": p, "detail": "may not contain NUL characters (U+0000)",
+                   "code": "invalid"} for p in nul]  # fmt: skip
+        raise InvalidInput(
+            f"inputs may not contain NUL characters (U+0000): {nul[0]}", errors=errors
+        )
     validator = Draft202012Validator(skill.input_schema)
     problems = sorted(validator.iter_errors(inputs), key=lambda e: list(e.absolute_path))
     if problems:
@@ -185,13 +198,6 @@ def execution_nudge(execution_id: uuid.UUID) -> None:
 # --- claim, run, finish ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ExecutionLease:
-    execution_id: uuid.UUID
-    owner: str
-    token: int
-
-
 def _as_uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
@@ -242,39 +248,27 @@ def _archive_files(archive: bytes) -> dict[str, bytes]:
     return files
 
 
-def _local_files(root: str) -> dict[str, bytes]:
-    base = Path(root)
-    if not base.is_dir():
-        raise SandboxError(f"the skill's local directory {root} does not exist")
-    files: dict[str, bytes] = {}
-    total = 0
-    for path in sorted(base.rglob("*")):
-        if path.is_symlink() or not path.is_file() or ".git" in path.relative_to(base).parts:
-            continue
-        total += path.stat().st_size
-        if total > LOCAL_DIR_MAX_BYTES:
-            raise SandboxError(f"the skill's local directory is over {LOCAL_DIR_MAX_BYTES} bytes")
-        files[path.relative_to(base).as_posix()] = path.read_bytes()
-    return files
-
-
-def _skill_files(skill: Skill) -> dict[str, bytes]:
+def skill_files(skill: Skill) -> LocalCopy:
+    """The files placed in the sandbox's working directory: a local-dir folder copied now
+    (its roots rule checked again: LocalDirRefused), else the zip upload's files."""
     if skill.source == SkillSource.LOCAL_DIR:
-        return _local_files(skill.source_ref)
+        return local_dir_files(skill.source_ref)
     if skill.archive:
-        return _archive_files(bytes(skill.archive))
-    return {}
+        return LocalCopy(files=_archive_files(bytes(skill.archive)))
+    return LocalCopy()
 
 
-def sandbox_request_for(execution: SkillExecution) -> SandboxRequest:
-    """The sandbox request of an execution: its pinned program, inputs (also on stdin) and
-    limits; output files are collected from ``out/``."""
+def sandbox_request_for(
+    execution: SkillExecution, files: dict[str, bytes] | None = None
+) -> SandboxRequest:
+    """The sandbox request of an execution: its pinned program, inputs (also on stdin), the
+    skill's files (``skill_files`` unless given) and limits; outputs come from ``out/``."""
     cap = int(execution.output_cap_bytes)
     return SandboxRequest(
         language="node" if execution.language == "node" else "python",
         code=execution.code,
         stdin=json.dumps(execution.inputs),
-        files=_skill_files(execution.skill),
+        files=skill_files(execution.skill).files if files is None else files,
         env={"SKILL_TOOL_NAME": execution.tool_name, "SKILL_EXECUTION_ID": str(execution.id)},
         timeout_seconds=float(execution.timeout_seconds),
         limits=SandboxLimits(cpu_seconds=max(1, int(execution.timeout_seconds))),
@@ -297,8 +291,12 @@ def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | No
         return None
     execution = SkillExecution.objects.select_related("skill").get(pk=execution_id)
     try:
-        request = sandbox_request_for(execution)
-        _event(lease, ExecutionEventType.RENDERING, _rendering_data(request))
+        copy = skill_files(execution.skill)
+        request = sandbox_request_for(execution, files=copy.files)
+        rendering = _rendering_data(request)
+        if copy.skipped:
+            rendering["skipped"] = storable(copy.skipped[:50])
+        _event(lease, ExecutionEventType.RENDERING, rendering)
         missing = _packages_preflight(lease, execution, request)
         if missing:
             execution_fail(lease=lease, error=packages_missing_text(missing, execution.language))
@@ -307,7 +305,7 @@ def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | No
     except SandboxError as exc:
         execution_fail(lease=lease, error=f"{type(exc).__name__}: {exc}")
     else:
-        execution_finish(lease=lease, result=result)
+        execution_store(lease=lease, result=result)
     return SkillExecution.objects.get(pk=execution_id)
 
 
@@ -407,78 +405,6 @@ def _run_watched(lease: ExecutionLease, request: SandboxRequest) -> SandboxResul
         return run_sandboxed(request, meter=meter)
     finally:
         watcher.finish()
-
-
-def _fenced_update(lease: ExecutionLease, **fields: Any) -> int:
-    return SkillExecution.objects.filter(
-        pk=lease.execution_id,
-        status=ExecutionStatus.RUNNING,
-        lease_token=lease.token,
-    ).update(lease_owner=None, lease_expires_at=None, finished_at=timezone.now(), **fields)
-
-
-@transaction.atomic
-def execution_finish(*, lease: ExecutionLease, result: SandboxResult) -> bool:
-    """Store a program's result (fenced by the lease token); False when the lease was lost."""
-    ok = result.exit_code == 0 and result.killed_reason is None and not result.timed_out
-    written = _fenced_update(
-        lease,
-        status=ExecutionStatus.SUCCEEDED if ok else ExecutionStatus.FAILED,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        exit_code=result.exit_code,
-        timed_out=result.timed_out,
-        killed_reason=result.killed_reason or "",
-        stdout_truncated=result.stdout_truncated,
-        stderr_truncated=result.stderr_truncated,
-        duration_ms=result.duration_ms,
-        backend=result.backend,
-        notes=list(result.notes),
-        error="" if ok else _failure_text(result),
-    )
-    if not written:
-        return False
-    if ok:
-        kind = ExecutionEventType.SUCCEEDED
-    elif result.timed_out or result.killed_reason == "timeout":
-        kind = ExecutionEventType.TIMED_OUT
-    else:
-        kind = ExecutionEventType.FAILED
-    data: dict[str, Any] = {
-        "exit_code": result.exit_code,
-        "duration_ms": result.duration_ms,
-        "killed_reason": result.killed_reason,
-        "stdout_bytes": len(result.stdout.encode()),
-        "stderr_bytes": len(result.stderr.encode()),
-        "output_files": len(result.output_files),
-    }
-    if not ok:
-        data["error"] = _failure_text(result)
-    event_append(execution_id=lease.execution_id, type=kind, data=data)
-    SkillOutputFile.objects.bulk_create(
-        SkillOutputFile(execution_id=lease.execution_id, name=f.name, size=f.size, data=f.data)
-        for f in result.output_files
-    )
-    return True
-
-
-def _failure_text(result: SandboxResult) -> str:
-    if result.timed_out or result.killed_reason == "timeout":
-        return "killed: the skill ran past its timeout"
-    if result.killed_reason:
-        return f"killed: {result.killed_reason} limit"
-    return f"the program exited with status {result.exit_code}"
-
-
-@transaction.atomic
-def execution_fail(*, lease: ExecutionLease, error: str) -> bool:
-    """Fail a claimed execution without a program result (e.g. the sandbox cannot run)."""
-    if not _fenced_update(lease, status=ExecutionStatus.FAILED, error=error):
-        return False
-    event_append(
-        execution_id=lease.execution_id, type=ExecutionEventType.FAILED, data={"error": error}
-    )
-    return True
 
 
 # --- recovery --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from jsonschema.exceptions import SchemaError
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillSource, ToolScope
 from skillhub.render import placeholders
+from skillhub.services.localdir import LocalDirRefused, local_dir_validate
 from skillhub.services.packages import package_hint, package_pattern
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
@@ -92,15 +93,48 @@ def _package_errors(values: Any, language: Any) -> Errors:
 
 
 def _source_errors(data: Mapping[str, Any]) -> Errors:
+    """A local-dir folder must pass the roots rule (``skillhub.services.localdir``); checked
+    again each time the folder is copied into the sandbox."""
     source, ref = data.get("source"), data.get("source_ref") or ""
-    if source == SkillSource.LOCAL_DIR and not ref.startswith("/"):
-        return [_err("/source_ref", "a local-dir skill needs an absolute directory path")]
+    if source == SkillSource.LOCAL_DIR:
+        try:
+            local_dir_validate(ref)
+        except LocalDirRefused as exc:
+            return [_err("/source_ref", str(exc), "not_allowed")]
     if source == SkillSource.GIT and not ref:
         return [_err("/source_ref", "a git skill needs the repository path or URL")]
     return []
 
 
+def _nul_errors(data: Mapping[str, Any]) -> Errors:
+    """PostgreSQL text and JSON cannot hold U+0000: refuse it in any text or JSON value."""
+    return [
+        _err(pointer, "may not contain NUL characters (U+0000)")
+        for name in EDITABLE
+        if name != "archive"
+        for pointer in nul_pointers(data.get(name), f"/{name}")
+    ]
+
+
+def nul_pointers(value: Any, pointer: str) -> list[str]:
+    """JSON Pointers of the strings (keys too) in ``value`` that contain NUL."""
+    if isinstance(value, str):
+        return [pointer] if "\x00" in value else []
+    if isinstance(value, dict):
+        found = []
+        for key, item in value.items():
+            sub = f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            found += [sub] if "\x00" in str(key) else nul_pointers(item, sub)
+        return found
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in nul_pointers(item, f"{pointer}/{i}")]
+    return []
+
+
 def _field_errors(data: Mapping[str, Any]) -> Errors:
+    nul = _nul_errors(data)
+    if nul:
+        return nul
     errors: Errors = []
     errors += _schema_errors(data.get("input_schema"), "/input_schema", object_only=True)
     if data.get("interaction_schema") is not None:

@@ -21,7 +21,7 @@ PRIMARY = {
     "name": "primary",
     "base_url": "https://models.example.test/v1",
     "model": "glm-5",
-    "api_key_env": "LW_TEST_PRIMARY_KEY",
+    "api_key_env": "LOOPWRIGHT_SECRET_TEST_PRIMARY_KEY",
     "params": {"temperature": 0.7, "topP": 0.9, "maxTokens": 4096},
     "input_price_per_token": "0.000002",
     "output_price_per_token": "0.000008",
@@ -67,12 +67,12 @@ def test_the_api_key_is_never_returned_only_whether_it_is_set(
     create(operator, ENDPOINTS, PRIMARY)
     assert operator.get(f"{ENDPOINTS}/primary").json()["api_key_configured"] is False
 
-    monkeypatch.setenv("LW_TEST_PRIMARY_KEY", "sk-never-shown-123456")
+    monkeypatch.setenv("LOOPWRIGHT_SECRET_TEST_PRIMARY_KEY", "sk-never-shown-123456")
     detail = operator.get(f"{ENDPOINTS}/primary")
     listing = operator.get(ENDPOINTS)
 
     assert detail.json()["api_key_configured"] is True
-    assert detail.json()["api_key_env"] == "LW_TEST_PRIMARY_KEY"
+    assert detail.json()["api_key_env"] == "LOOPWRIGHT_SECRET_TEST_PRIMARY_KEY"
     for response in (detail, listing):
         assert b"sk-never-shown-123456" not in response.content
 

@@ -46,11 +46,11 @@ def http_endpoint(
 
 
 def test_the_config_carries_every_setting_and_resolves_failover_in_order():
-    backup_1 = http_endpoint("backup-1", api_key_env="B1_KEY", timeout_seconds=5)
+    backup_1 = http_endpoint("backup-1", api_key_env="LOOPWRIGHT_SECRET_B1_KEY", timeout_seconds=5)
     backup_2 = http_endpoint("backup-2", params={"temperature": 1.5})
     primary = http_endpoint(
         "primary",
-        api_key_env="PRIMARY_KEY",
+        api_key_env="LOOPWRIGHT_SECRET_PRIMARY_KEY",
         params={"temperature": 0.7, "topP": 0.9},
         input_price_per_token=Decimal("0.000002"),
         output_price_per_token=Decimal("0.000008"),
@@ -70,7 +70,7 @@ def test_the_config_carries_every_setting_and_resolves_failover_in_order():
     assert (config.name, config.model, config.api_key_env) == (
         "primary",
         "primary-model",
-        "PRIMARY_KEY",
+        "LOOPWRIGHT_SECRET_PRIMARY_KEY",
     )
     assert (config.max_retries, config.circuit_cooldown_seconds) == (2, 30)
     assert (config.input_price, config.output_price) == (0.000002, 0.000008)
@@ -83,7 +83,11 @@ def test_the_config_carries_every_setting_and_resolves_failover_in_order():
         0.7,
         0.9,
     )
-    assert (first.model, first.params.top_p, first.api_key_env) == ("small", 0.5, "B1_KEY")
+    assert (first.model, first.params.top_p, first.api_key_env) == (
+        "small",
+        0.5,
+        "LOOPWRIGHT_SECRET_B1_KEY",
+    )
     assert first.timeout_seconds == 5
     assert first.failover == ()
 
@@ -129,11 +133,11 @@ def test_a_stored_employee_calls_its_endpoint_and_fails_over(
     backup_server: ModelServer = make_model_server()
     primary_server.always(Error(500))
     backup_server.queue(Completion(content="answered by the backup", usage=(1000, 100)))
-    monkeypatch.setenv("LW_BACKUP_KEY", "sk-backup")
+    monkeypatch.setenv("LOOPWRIGHT_SECRET_BACKUP_KEY", "sk-backup")
     backup = http_endpoint(
         "backup",
         url=backup_server.url,
-        api_key_env="LW_BACKUP_KEY",
+        api_key_env="LOOPWRIGHT_SECRET_BACKUP_KEY",
         input_price_per_token=Decimal("0.001"),
     )
     primary = http_endpoint(

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.runtime import http_lite
 from orchestrator.runtime.model_client import _ssl_context
+from orchestrator.runtime.outbound import OutboundPolicy, OutboundRefused, ResponseTooLarge
 
 pytestmark = pytest.mark.anyio
 
@@ -166,7 +167,53 @@ async def test_a_refused_connection_and_a_bad_url_fail_clearly() -> None:
     await pool.close()
 
 
-def test_a_proxy_in_the_environment_is_noticed() -> None:
-    assert not http_lite.proxies_configured({})
-    assert http_lite.proxies_configured({"HTTPS_PROXY": "http://proxy:3128"})
-    assert http_lite.proxies_configured({"all_proxy": "socks5://proxy"})
+async def test_proxy_variables_do_not_divert_calls(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard checks the address it connects to; a proxy would connect somewhere else."""
+    server, proxy = await serve(echo), await serve(echo)
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.port}")
+    pool = http_lite.Pool(_ssl_context())
+    try:
+        answer = await pool.post_json(server.url, {"n": 1}, {}, connect_timeout=5)
+    finally:
+        await pool.close()
+    assert answer.json() == {"got": {"n": 1}}
+    assert (server.connections, proxy.connections) == (1, 0)
+
+
+async def test_an_address_the_policy_refuses_is_never_connected(serve: Serve) -> None:
+    server = await serve(echo)
+    deny = OutboundPolicy(private="deny")
+    pool = http_lite.Pool(_ssl_context())
+    try:
+        with pytest.raises(OutboundRefused, match="LOOPWRIGHT_OUTBOUND_PRIVATE=deny"):
+            await pool.post_json(server.url, {}, {}, connect_timeout=5, policy=deny)
+        allowed = await pool.post_json(
+            server.url, {}, {}, connect_timeout=5, policy=OutboundPolicy()
+        )
+        # A kept-alive connection belongs to the policy that checked it: deny still refuses.
+        with pytest.raises(OutboundRefused):
+            await pool.post_json(server.url, {}, {}, connect_timeout=5, policy=deny)
+    finally:
+        await pool.close()
+    assert allowed.status_code == 200 and server.connections == 1
+
+
+async def test_bodies_stop_at_the_size_cap_compressed_or_not(serve: Serve) -> None:
+    def bomb(_: bytes) -> bytes:  # 64 KiB on the wire, 64 MiB decoded
+        return plain(gzip.compress(b"0" * 2**26), extra="Content-Encoding: gzip\r\n")
+
+    def big(_: bytes) -> bytes:
+        return plain(b"x" * 5000)
+
+    capped = OutboundPolicy(max_body_bytes=4096)
+    pool = http_lite.Pool(_ssl_context())
+    try:
+        for reply in (bomb, big):
+            server = await serve(reply)
+            with pytest.raises(ResponseTooLarge, match="larger than 4096 bytes"):
+                await pool.post_json(server.url, {}, {}, connect_timeout=5, policy=capped)
+    finally:
+        await pool.close()

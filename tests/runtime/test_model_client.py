@@ -178,11 +178,13 @@ async def test_malformed_arguments_pass_through_unchanged(model_server: ModelSer
 
 async def test_the_api_key_is_read_from_the_environment_on_every_call(model_server: ModelServer):
     model_server.queue(Completion(content="one"), Completion(content="two"))
-    environ = {"MODEL_KEY": "first-key"}
-    model = client(endpoint(model_server, api_key_env="MODEL_KEY"), environ=environ)
+    environ = {"LOOPWRIGHT_SECRET_MODEL_KEY": "first-key"}
+    model = client(
+        endpoint(model_server, api_key_env="LOOPWRIGHT_SECRET_MODEL_KEY"), environ=environ
+    )
 
     await model.complete(ASK)
-    environ["MODEL_KEY"] = "rotated-key"
+    environ["LOOPWRIGHT_SECRET_MODEL_KEY"] = "rotated-key"
     await model.complete(ASK)
 
     auth = [request.headers["authorization"] for request in model_server.requests]
@@ -190,12 +192,12 @@ async def test_the_api_key_is_read_from_the_environment_on_every_call(model_serv
 
 
 async def test_an_unset_key_variable_fails_without_calling_the_endpoint(model_server: ModelServer):
-    model = client(endpoint(model_server, api_key_env="MISSING_KEY"), environ={})
+    model = client(endpoint(model_server, api_key_env="LOOPWRIGHT_SECRET_MISSING_KEY"), environ={})
 
     with pytest.raises(ModelCallFailed) as failed:
         await model.complete(ASK)
 
-    assert "MISSING_KEY is not set" in str(failed.value)
+    assert "LOOPWRIGHT_SECRET_MISSING_KEY is not set" in str(failed.value)
     assert failed.value.retryable is False
     assert model_server.requests == []
 

@@ -48,7 +48,7 @@ async def test_a_canary_key_never_appears_in_logs_or_errors(
     monkeypatch: pytest.MonkeyPatch,
 ):
     canary = "sk-canary-" + secrets.token_hex(16)
-    monkeypatch.setenv("LW_CANARY_KEY", canary)
+    monkeypatch.setenv("LOOPWRIGHT_SECRET_CANARY_KEY", canary)
     unauthorized, broken, streaming = make_model_server(), make_model_server(), make_model_server()
     unauthorized.always(echo_key(401))
     broken.always(echo_key(500))
@@ -64,7 +64,9 @@ async def test_a_canary_key_never_appears_in_logs_or_errors(
 
     with caplog.at_level(logging.DEBUG):
         for config in endpoints:
-            keyed = EndpointConfig(**{**config.__dict__, "api_key_env": "LW_CANARY_KEY"})
+            keyed = EndpointConfig(
+                **{**config.__dict__, "api_key_env": "LOOPWRIGHT_SECRET_CANARY_KEY"}
+            )
             model = OpenAICompatibleClient(keyed, retry=RetryPolicy(base_delay=0, max_delay=0))
             request = ChatRequest(messages=ASK.messages, stream=config.name == "streaming")
             with pytest.raises(ModelCallFailed) as failed:
@@ -86,10 +88,10 @@ async def test_a_streamed_answer_does_not_leak_the_key_either(
     model_server: ModelServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ):
     canary = "sk-canary-" + secrets.token_hex(16)
-    monkeypatch.setenv("LW_CANARY_KEY", canary)
+    monkeypatch.setenv("LOOPWRIGHT_SECRET_CANARY_KEY", canary)
     model_server.queue(Stream([Text("fine")]))
     config = EndpointConfig(
-        name="ok", base_url=model_server.url, model="m", api_key_env="LW_CANARY_KEY"
+        name="ok", base_url=model_server.url, model="m", api_key_env="LOOPWRIGHT_SECRET_CANARY_KEY"
     )
 
     with caplog.at_level(logging.DEBUG):
@@ -118,6 +120,7 @@ def test_redact_masks_the_key_and_bearer_tokens():
 
 
 def test_an_empty_or_unset_variable_means_no_key():
-    assert api_key_from_env("", {"X": "y"}) is None
-    assert api_key_from_env("X", {"X": ""}) is None
-    assert api_key_from_env("X", {}) is None
+    name = "LOOPWRIGHT_SECRET_X"
+    assert api_key_from_env("", {name: "y"}) is None
+    assert api_key_from_env(name, {name: ""}) is None
+    assert api_key_from_env(name, {}) is None

@@ -203,20 +203,29 @@ def test_the_compile_preview_plans_tools_and_points_at_bad_layers(client_as: Cli
 def test_employees_and_endpoints_never_show_a_key(
     client_as: ClientAs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LW_UI_TEST_KEY", "sk-secret-never-shown")
+    monkeypatch.setenv("LOOPWRIGHT_SECRET_UI_TEST_KEY", "sk-secret-never-shown")
     endpoint = ModelEndpoint.objects.create(
-        name="main", base_url="http://127.0.0.1:9/v1", model="m", api_key_env="LW_UI_TEST_KEY"
+        name="main",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        api_key_env="LOOPWRIGHT_SECRET_UI_TEST_KEY",
     )
     ModelEndpoint.objects.create(
-        name="spare", base_url="http://127.0.0.1:9/v1", model="m", api_key_env="LW_UNSET_KEY"
+        name="spare",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        api_key_env="LOOPWRIGHT_SECRET_UNSET_KEY",
+    )
+    ModelEndpoint.objects.create(  # a row older than the secret rule
+        name="old", base_url="http://127.0.0.1:9/v1", model="m", api_key_env="SECRET_KEY"
     )
     Employee.objects.create(username="ada", endpoint=endpoint, tools=["read"])
     client = client_as("viewer")
     pages = [html(client.get(path)) for path in ("/employees", "/employees/ada", "/endpoints/main")]
     for page in pages:
         assert "sk-secret-never-shown" not in page
-        assert "LW_UI_TEST_KEY" in page
-    assert "configured" in pages[0] and "not set" in pages[0]
+        assert "LOOPWRIGHT_SECRET_UI_TEST_KEY" in page
+    assert "configured" in pages[0] and "not set" in pages[0] and "not allowed" in pages[0]
     assert client.get("/endpoints/none").status_code == 404
 
 
