@@ -4,7 +4,8 @@
 #
 #   bubblewrap    the skill sandbox (skillhub/sandbox, docs/sandbox.md)
 #   libseccomp2   compiles the sandbox's seccomp filter (loaded through ctypes)
-#   util-linux    choom, setpriv, prlimit: the sandbox's exec chain
+#   util-linux    choom, setpriv, prlimit, unshare: the sandbox's exec chain
+#   mount         binds a run's workspace for its bash sandbox (a private mount namespace)
 #   coreutils     nice
 #   python3       the interpreter Python skills run with (/usr/bin/python3)
 #   nodejs        the interpreter Node.js skills run with (/usr/bin/node), only if no node exists
@@ -12,7 +13,7 @@
 #   faketime      skewed worker clocks in the lease clock-skew test (D5), so it runs, not skips
 set -euo pipefail
 
-packages=(bubblewrap libseccomp2 util-linux coreutils chromium faketime)
+packages=(bubblewrap libseccomp2 util-linux mount coreutils chromium faketime)
 missing=()
 
 installed() {

@@ -23,6 +23,7 @@ from loops import db, state
 from loops.invokers import StepRecord
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus
 from loops.services import claim_sql
+from loops.services.claims_failures import reaped_exhaustion_reason
 from loops.services.transitions import Lease, run_transition
 
 _CLAIMABLE = [s.value for s in state.CLAIMABLE]
@@ -260,9 +261,9 @@ def _reap_one(run_id: uuid.UUID, report: ReapReport) -> None:
                 data={"attempts": attempts},
                 fields={
                     "terminal_reason": "lease_attempts_exhausted",
-                    "failure_reason": (
-                        f"The worker driving the run stopped {attempts} times in a row "
-                        f"(limit {max_attempts}); last state was '{status}'."
+                    # What really ended each attempt: deaths and driver errors, from events.
+                    "failure_reason": reaped_exhaustion_reason(
+                        run_id, attempts=attempts, max_attempts=max_attempts, status=status
                     ),
                 },
             )

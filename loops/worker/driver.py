@@ -214,8 +214,9 @@ class RunDriver:
                 run_id,
                 type(exc).__name__,
             )
-        except Exception:
+        except Exception as exc:
             logger.exception("run %s: driver error", run_id)
+            await self._record_error(claim, exc)
         finally:
             self.tasks.pop(run_id, None)
             # A freed slot is claimed at once only if work may be waiting for one: otherwise
@@ -224,6 +225,22 @@ class RunDriver:
             if self._work_waiting and self._wake is not None:
                 self._work_waiting = False
                 self._wake.set()
+
+    async def _record_error(self, claim: Claimed, exc: Exception) -> None:
+        """Write the error to the run (an event, and a retry or a failure naming it), so it
+        never lives only in this log; if that write fails the lease expires and the reaper
+        counts the attempt as a death."""
+        from loops.services.claims_failures import describe_error, run_driver_error
+
+        run_id = claim.lease.run_id
+        try:
+            status = await self.db(run_driver_error, claim.lease, describe_error(exc))
+        except LeaseLost:
+            logger.info("run %s: lease lost before its driver error was recorded", run_id)
+        except Exception:
+            logger.exception("run %s: the driver error could not be recorded", run_id)
+        else:
+            logger.info("run %s: driver error recorded; the run is %s", run_id, status)
 
     async def _poll_forever(self) -> None:
         """The safety net behind the nudges: claim what is due and nobody took (a lost

@@ -44,6 +44,7 @@ from loops.services.claims import Claimed
 from loops.services.locks import path_locks_acquire
 from loops.services.transitions import Lease, run_transition, run_update_fenced
 from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
+from loops.worker.recovery import reclaim_workspace
 
 if TYPE_CHECKING:
     from loops.worker.driver import RunDriver
@@ -570,6 +571,8 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
     else:
         retry = float(driver_setting("LOCK_RETRY_SECONDS"))
         run, status = await driver.db(_load_and_prepare, lease, retry)
+    if status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
+        await reclaim_workspace(driver, lease, run.cursor.get("workdir"))
     # A run claimed before (resumed after an approval, a retry, a crash) may be resuming its
     # invocation: the steps of its first invocation here came with the claim (a run the claim
     # started), or are read while the invocation's start is counted.

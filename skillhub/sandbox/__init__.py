@@ -30,6 +30,7 @@ from skillhub.sandbox.types import (
     SandboxResult,
     SandboxUnavailable,
 )
+from skillhub.sandbox.workdir import workdir_lent, workdir_reclaim
 
 __all__ = [
     "Backend",
@@ -51,4 +52,6 @@ __all__ = [
     "run_sandboxed",
     "run_sandboxed_async",
     "sandbox_reap_stale",
+    "workdir_lent",
+    "workdir_reclaim",
 ]

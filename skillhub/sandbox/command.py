@@ -5,6 +5,9 @@ runs between ``fork`` and ``exec`` (``preexec_fn`` is unsafe in threaded and asy
 
     choom -n 1000        the kernel's OOM killer takes sandbox processes first; written while
                          still root, which also stops the program from lowering it again
+    unshare --mount      (root, borrowed work dir) a private mount namespace in which, still as
+    sh -c 'mount --bind' root, the borrowed directory is bound onto the run directory's
+                         ``work/``: the sandbox uid reaches it there, whatever its parents allow
     setpriv --reuid U    (root only) a dedicated unprivileged host uid: RLIMIT_NPROC is never
                          enforced for root, and a per-run uid makes the run's processes a set
                          the runner can find and kill
@@ -22,8 +25,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from skillhub.sandbox.config import SandboxConfig
+from skillhub.sandbox.nodestdio import node_stdio_args
 from skillhub.sandbox.types import (
     NODE_RESERVED_ADDRESS_SPACE,
     Language,
@@ -37,6 +42,11 @@ CHOOM = "/usr/bin/choom"
 SETPRIV = "/usr/bin/setpriv"
 NICE = "/usr/bin/nice"
 PRLIMIT = "/usr/bin/prlimit"
+UNSHARE = "/usr/bin/unshare"
+SH = "/bin/sh"
+#: Run as root in the new private mount namespace: bind "$1" onto "$2", then exec the rest of
+#: the chain. The paths are arguments, never part of the script text; 125 marks its failure.
+BIND_SCRIPT = '/usr/bin/mount --bind -- "$1" "$2" || exit 125; shift 2; exec "$@"'
 
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_CODE_DIR = "/code"
@@ -106,7 +116,9 @@ def interpreter_argv(
         # -B: no .pyc writes; utf8 mode: the same stdout encoding whatever the locale.
         return [config.python_path, "-I", "-S", "-B", "-X", "utf8", code_path]
     heap_mib = max(64, (address_space - NODE_RESERVED_ADDRESS_SPACE) // MiB)
-    return [config.node_path, f"--max-old-space-size={heap_mib}", code_path]
+    # Blocking stdout/stderr, so an output flood meets the cap (nodestdio.py).
+    stdio = node_stdio_args(config.node_path)
+    return [config.node_path, f"--max-old-space-size={heap_mib}", *stdio, code_path]
 
 
 def limits_argv(limits: SandboxLimits, address_space: int) -> list[str]:
@@ -126,8 +138,17 @@ def limits_argv(limits: SandboxLimits, address_space: int) -> list[str]:
     ]
 
 
-def host_prefix(config: SandboxConfig, uid: int | None) -> list[str]:
+def host_prefix(
+    config: SandboxConfig, uid: int | None, private_bind: tuple[Path, Path] | None = None
+) -> list[str]:
+    """The chain before bwrap. ``private_bind`` (source, mount point): bind the source there in
+    a private mount namespace, as root, before the uid drop (the namespace, and the mount with
+    it, ends with the run's last process; nothing is mounted in the host's namespace)."""
     argv = [CHOOM, "-n", "1000", "--"]
+    if private_bind is not None:
+        source, point = private_bind
+        argv += [UNSHARE, "--mount", "--propagation", "private", "--"]
+        argv += [SH, "-c", BIND_SCRIPT, "sh", str(source), str(point)]
     if uid is not None:
         argv += [
             SETPRIV,
@@ -167,7 +188,9 @@ def bwrap_launch(
         seccomp_fd=seccomp_fd,
     )
     options += ["--json-status-fd", str(status_fd)]
-    argv = [*host_prefix(config, uid), config.bwrap_path, "--args", str(args_fd), "--", *inner]
+    private = None if rundir.bind_point is None else (rundir.work, rundir.bind_point)
+    prefix = host_prefix(config, uid, private)
+    argv = [*prefix, config.bwrap_path, "--args", str(args_fd), "--", *inner]
     return Launch(argv=argv, env={}, cwd="/", bwrap_options=options_blob(options))
 
 
@@ -200,7 +223,7 @@ def bwrap_options(
     argv += ["--ro-bind", str(rundir.passwd), "/etc/passwd"]
     argv += ["--ro-bind", str(rundir.group), "/etc/group"]
     argv += _scratch_mounts(tmpfs_bytes)
-    argv += ["--bind", str(rundir.work), SANDBOX_WORKDIR]
+    argv += ["--bind", str(rundir.bind_point or rundir.work), SANDBOX_WORKDIR]
     argv += ["--ro-bind", str(rundir.code), code_path]
     argv += ["--chdir", SANDBOX_WORKDIR, "--remount-ro", "/"]
     for key, value in env.items():

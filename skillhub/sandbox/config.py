@@ -22,7 +22,8 @@ class SandboxConfig:
     #: Run programs with rlimits only when bubblewrap cannot run (weaker: see docs/sandbox.md).
     allow_rlimit_only: bool = False
     #: Where per-run directories are created ("" = the system temporary directory). Every
-    #: component must be traversable by the sandbox uid, as bubblewrap runs with that uid.
+    #: component must be traversable by the sandbox uid, as bubblewrap runs with that uid
+    #: (a borrowed work directory need not be: it is reached through its run directory).
     work_root: str = ""
     #: When the runner is root, each concurrent run gets its own host uid
     #: ``uid_base + slot`` (slot < uid_slots): RLIMIT_NPROC is not enforced for root, and a
@@ -56,6 +57,10 @@ class SandboxConfig:
 
     def resolved_work_root(self) -> str:
         return self.work_root or tempfile.gettempdir()
+
+    def sandbox_uids(self) -> range:
+        """Every host uid a sandbox may run as: the slots and the probe's uid after them."""
+        return range(self.uid_base, self.uid_base + self.uid_slots + 1)
 
     def interpreter(self, language: str) -> str:
         return self.python_path if language == "python" else self.node_path

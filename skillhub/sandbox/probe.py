@@ -4,12 +4,19 @@ The probe starts exactly the command line a run would use (same uid switch, same
 seccomp filter) with ``/usr/bin/true`` as the program. Anything that would break a real run
 (no unprivileged user namespaces, an AppArmor rule against them, a missing mount source, no
 ``/usr/bin/choom``) breaks the probe the same way, and its stderr becomes the error message.
+
+A root runner also probes the chain of a borrowed work directory in a private mount namespace
+(``private_bind``), on a directory whose parent the sandbox uid cannot search. Where the kernel
+refuses that namespace (a container without CAP_SYS_ADMIN), borrowed directories are bound
+directly, and their parents must then be searchable by others.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -33,6 +40,9 @@ class BackendProbe:
     seccomp_error: str | None
     #: Runs get a dedicated host uid (the runner is root).
     dedicated_uid: bool
+    #: A borrowed work directory is bound in a private mount namespace before the uid drop
+    #: (root runner), so its parents need not be searchable by the sandbox uid.
+    private_bind: bool = False
 
 
 _cache: dict[SandboxConfig, BackendProbe] = {}
@@ -65,7 +75,32 @@ def _probe(config: SandboxConfig) -> BackendProbe:
         ok, detail = _run_true(config, rundir, uid, seccomp_error is None)
     finally:
         rundir_remove(rundir)
-    return BackendProbe(ok, detail, seccomp_error, dedicated)
+    private = ok and uid is not None and _private_bind_works(config, uid, seccomp_error is None)
+    return BackendProbe(ok, detail, seccomp_error, dedicated, private)
+
+
+def _private_bind_works(config: SandboxConfig, uid: int, with_seccomp: bool) -> bool:
+    """Can a borrowed directory be bound in a private mount namespace? Tried on one whose
+    parent (mode 0700, the runner's) the probe uid cannot search."""
+    hidden = tempfile.mkdtemp(prefix="loopwright-probe-", dir=config.resolved_work_root())
+    try:
+        borrowed = os.path.join(hidden, "work")
+        os.mkdir(borrowed, 0o700)
+        request = SandboxRequest(language="python", code="", workdir=borrowed)
+        rundir = rundir_create(
+            work_root=config.resolved_work_root(),
+            request=request,
+            owner=(uid, uid),
+            bind_privately=True,
+            sandbox_uids=config.sandbox_uids(),
+        )
+        try:
+            ok, _ = _run_true(config, rundir, uid, with_seccomp, request)
+        finally:
+            rundir_remove(rundir)
+        return ok
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
 
 
 def _seccomp_error() -> str | None:
@@ -77,9 +112,13 @@ def _seccomp_error() -> str | None:
 
 
 def _run_true(
-    config: SandboxConfig, rundir: RunDir, uid: int | None, with_seccomp: bool
+    config: SandboxConfig,
+    rundir: RunDir,
+    uid: int | None,
+    with_seccomp: bool,
+    request: SandboxRequest | None = None,
 ) -> tuple[bool, str]:
-    request = SandboxRequest(language="python", code="")
+    request = request or SandboxRequest(language="python", code="")
     with launch_fds(with_seccomp) as fds:
         launch = bwrap_launch(
             config=config,

@@ -57,14 +57,16 @@ _READ_CHUNK = 64 * 1024
 _EXIT_GRACE_SECONDS = 1.0
 #: After the exit, how long stdout/stderr may take to reach end-of-file.
 _DRAIN_GRACE_SECONDS = 2.0
-#: The interpreter's own out-of-memory messages (CPython's MemoryError; V8's fatal OOM and a
-#: failed ArrayBuffer allocation under RLIMIT_AS), looked for at the end of stderr.
+#: The interpreter's own out-of-memory messages (CPython's MemoryError; V8's fatal OOM, a
+#: failed ArrayBuffer allocation and Node's C++ allocation failure under RLIMIT_AS), looked for
+#: at the end of stderr.
 _MEMORY_MARKERS = (
     b"MemoryError",
     b"heap out of memory",
     b"Fatal process out of memory",
     b"Fatal process OOM",
     b"Array buffer allocation failed",
+    b"std::bad_alloc",
 )
 #: CPython and Node both ignore SIGXFSZ, so RLIMIT_FSIZE shows up as an uncaught EFBIG.
 _FILE_SIZE_MARKERS = (b"[Errno 27] File too large", b"EFBIG: file too large")
@@ -140,6 +142,9 @@ async def run_sandboxed_async(
             request=request,
             owner=(uid, uid) if uid is not None else None,
             slot=None if slot is None else slot.index,
+            # A borrowed work dir is bound as root in a private mount namespace (see workdir.py).
+            bind_privately=uid is not None and backend == "bubblewrap" and probe.private_bind,
+            sandbox_uids=config.sandbox_uids(),
         )
         try:
             outcome = await _run_in(rundir, request, config, backend, probe, uid, meter)

@@ -9,6 +9,15 @@ Layout (host side)::
             out/                       files the caller collects
         tmp/                           0700, sandbox uid: TMPDIR of the rlimit-only backend
 
+A borrowed directory (``SandboxRequest.workdir``, the agent's ``bash`` tool) is used instead
+of ``work/``. With a dedicated uid it is lent to that uid for the run: chowned top first, and
+given back bottom-up with the top last, so whenever anything in it belongs to a sandbox uid its
+top does too, and :func:`workdir_reclaim` (one ``lstat`` when nothing is lent) repairs what a
+runner killed mid-run left. When the runner may mount (``bind_privately``), ``work/`` is an
+empty mount point that a private mount namespace, set up as root before the uid drop, binds the
+borrowed directory onto (``command.host_prefix``): the sandbox uid then reaches it through the
+run directory and needs no search permission on the directory's own parents.
+
 Outputs are read by the runner, which may be root, after every sandbox process is dead. The
 program controls what ``out/`` contains, so a symlink there must never be followed: the walk
 uses directory descriptors (``os.fwalk``) and opens files with ``O_NOFOLLOW``, so a link to
@@ -53,6 +62,10 @@ class RunDir:
     #: An existing directory used as ``work`` (``SandboxRequest.workdir``): its owner before
     #: the run, restored by ``rundir_remove``; None when it was not handed to another uid.
     borrowed_owner: tuple[int, int] | None = None
+    #: The empty directory of the run directory that ``work`` is bound onto in the run's
+    #: private mount namespace (and that bubblewrap binds at /workdir); None: bwrap binds
+    #: ``work`` itself.
+    bind_point: Path | None = None
 
     @property
     def out(self) -> Path:
@@ -70,9 +83,19 @@ def rundir_create(
     request: SandboxRequest,
     owner: tuple[int, int] | None,
     slot: int | None = None,
+    bind_privately: bool = False,
+    sandbox_uids: range = range(0),
 ) -> RunDir:
-    """Create and fill the run directory; ``owner`` (uid, gid) gets the writable parts."""
-    borrowed = _borrowed_workdir(request.workdir, traversed_by_others=owner is not None)
+    """Create and fill the run directory; ``owner`` (uid, gid) gets the writable parts.
+
+    A borrowed directory is first reclaimed from ``sandbox_uids`` (a killed runner's lending,
+    :func:`workdir_reclaim`), so its recorded owner is never a sandbox uid; with
+    ``bind_privately`` it is reached through the run directory's ``work/`` mount point.
+    """
+    searchable = owner is not None and not bind_privately
+    borrowed = _borrowed_workdir(request.workdir, must_be_searchable=searchable)
+    if borrowed is not None and owner is not None:
+        workdir_reclaim(borrowed, sandbox_uids)
     root = Path(tempfile.mkdtemp(prefix=rundir_prefix(slot), dir=work_root))
     # Traverse-only for others: bwrap, running as the sandbox uid, must reach work/ and the
     # program to bind them, but may not list the directory.
@@ -85,37 +108,40 @@ def rundir_create(
         work=borrowed or root / "work",
         tmp=root / "tmp",
         borrowed_owner=_owner_of(borrowed) if borrowed and owner is not None else None,
+        bind_point=root / "work" if borrowed and bind_privately else None,
     )
     try:
         _write_readonly(rundir.code, request.code.encode())
         _write_readonly(rundir.passwd, _PASSWD.encode())
         _write_readonly(rundir.group, _GROUP.encode())
-        made = (rundir.tmp,) if borrowed else (rundir.work, rundir.out, rundir.tmp)
+        made = [rundir.tmp] if borrowed else [rundir.work, rundir.out, rundir.tmp]
+        if rundir.bind_point is not None:
+            made.append(rundir.bind_point)
         for directory in made:
             directory.mkdir(mode=0o700)
         for relative, content in request.files.items():
             _write_input(rundir.work, relative, content)
         if owner is not None:
-            _chown_tree(rundir.work, owner)
-            _chown_tree(rundir.tmp, owner)
+            _lend_tree(rundir.work, owner)
+            _lend_tree(rundir.tmp, owner)
     except BaseException:
         rundir_remove(rundir)
         raise
     return rundir
 
 
-def _borrowed_workdir(workdir: str | None, *, traversed_by_others: bool) -> Path | None:
+def _borrowed_workdir(workdir: str | None, *, must_be_searchable: bool) -> Path | None:
     """The caller's existing working directory, which must be a real (unlinked) directory.
 
-    bubblewrap binds it as the sandbox uid: with a dedicated uid (``traversed_by_others``)
-    every parent must be searchable by others, or the bind fails.
+    When bubblewrap binds it directly as a dedicated sandbox uid (no private mount namespace:
+    ``must_be_searchable``), every parent must be searchable by others, or the bind fails.
     """
     if workdir is None:
         return None
     if os.path.realpath(workdir) != os.path.normpath(workdir) or not os.path.isdir(workdir):
         raise SandboxRequestError(f"workdir {workdir!r} is not an existing, unlinked directory")
     path = Path(workdir)
-    if traversed_by_others:
+    if must_be_searchable:
         for parent in path.parents:
             if not os.stat(parent).st_mode & stat.S_IXOTH:
                 raise SandboxRequestError(
@@ -148,12 +174,57 @@ def _write_input(work: Path, relative: str, content: bytes) -> None:
         handle.write(content)
 
 
-def _chown_tree(top: Path, owner: tuple[int, int]) -> None:
+def _lend_tree(top: Path, owner: tuple[int, int]) -> None:
+    """Chown ``top`` first, then everything below it (links themselves, never followed)."""
     uid, gid = owner
-    os.chown(top, uid, gid)
+    os.chown(top, uid, gid, follow_symlinks=False)
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def _return_tree(top: Path, owner: tuple[int, int], only: range | None = None) -> int:
+    """Chown everything below ``top`` bottom-up, then ``top`` last (links never followed);
+    with ``only``, just the entries whose uid or gid is in it. Returns the entries changed."""
+    uid, gid = owner
+    changed = 0
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        for name in dirnames + filenames:
+            changed += _chown_entry(os.path.join(dirpath, name), uid, gid, only)
+    return changed + _chown_entry(str(top), uid, gid, only)
+
+
+def _chown_entry(path: str, uid: int, gid: int, only: range | None) -> int:
+    try:
+        info = os.lstat(path)
+        if only is not None and info.st_uid not in only and info.st_gid not in only:
+            return 0
+        os.chown(path, uid, gid, follow_symlinks=False)
+    except FileNotFoundError:
+        return 0
+    return 1
+
+
+def workdir_lent(path: str | Path, sandbox_uids: range) -> bool:
+    """Is ``path`` (a borrowed work directory) still lent to a sandbox uid? One ``lstat``."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return info.st_uid in sandbox_uids or info.st_gid in sandbox_uids
+
+
+def workdir_reclaim(
+    path: str | Path, sandbox_uids: range, owner: tuple[int, int] | None = None
+) -> int:
+    """Give back to ``owner`` (default: this process's uid and gid, the service user) every
+    entry of ``path`` that a uid or gid of ``sandbox_uids`` owns, as a runner killed while it
+    had lent the directory leaves it. Returns the entries changed; 0 after one ``lstat`` when
+    the top is not lent (lending chowns it first, returning last). Links are never followed.
+    """
+    if not workdir_lent(path, sandbox_uids):
+        return 0
+    return _return_tree(Path(path), owner or (os.geteuid(), os.getegid()), only=sandbox_uids)
 
 
 def rundir_remove(rundir: RunDir) -> None:
@@ -171,8 +242,9 @@ def rundir_remove(rundir: RunDir) -> None:
     else:  # onerror is deprecated from 3.12 on; 3.11 only has it
         shutil.rmtree(rundir.root, onerror=unlock_and_retry)
     if rundir.borrowed_owner is not None:
-        # Every sandbox process is dead: hand the borrowed directory back (links unfollowed).
-        _chown_tree(rundir.work, rundir.borrowed_owner)
+        # Every sandbox process is dead: hand the borrowed directory back (links unfollowed),
+        # its top last, so a kill meanwhile leaves it visibly lent (``workdir_reclaim``).
+        _return_tree(rundir.work, rundir.borrowed_owner)
 
 
 def rundirs_remove_stale(work_root: str, slot: int) -> None:

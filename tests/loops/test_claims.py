@@ -143,7 +143,7 @@ def test_reaper_requeues_expired_leases_and_fails_runs_past_the_attempt_limit() 
     assert retried.status == RunStatus.QUEUED and retried.lease_owner is None
     assert exhausted.status == RunStatus.FAILED
     assert exhausted.terminal_reason == "lease_attempts_exhausted"
-    assert "1 times in a row" in exhausted.failure_reason
+    assert "died or was killed once in a row" in exhausted.failure_reason
 
 
 def test_reaper_leaves_live_leases_alone() -> None:

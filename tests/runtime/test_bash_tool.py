@@ -37,10 +37,8 @@ NO_BWRAP = SandboxConfig(bwrap_path="/nonexistent/bwrap")
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    # The sandbox uid binds the directory itself: its parents must be searchable by others,
-    # which pytest's 0700 tmp_path is not (a run's workspace under LOOPWRIGHT_VAR_DIR is).
+    # mkdtemp makes a 0700 parent: the sandbox uid reaches the directory without searching it.
     parent = Path(tempfile.mkdtemp(prefix="lw-bash-test-"))
-    parent.chmod(0o711)
     root = parent / "work"
     root.mkdir()
     (root / "notes.txt").write_text("first\n")
@@ -255,13 +253,44 @@ def test_without_a_working_directory_the_call_is_refused(tool: BashTool) -> None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root runner lends dedicated uids")
-def test_a_working_directory_the_sandbox_uid_cannot_reach_is_refused_with_the_reason(
+def test_a_working_directory_under_a_private_parent_works_and_the_parent_stays_hidden(
     tool: BashTool, tmp_path: Path
 ) -> None:
-    hidden = tmp_path / "private"  # pytest's base directory is 0700
-    hidden.mkdir()
-    with pytest.raises(ToolError, match="not searchable by others"):
-        bash(tool, "true", context(hidden))
+    # A checkout in a 0700 home: the sandbox uid cannot search the parents, and needs not.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "sibling.txt").write_text("not for the sandbox")
+    work = private / "work"
+    work.mkdir()
+    result = bash(
+        tool,
+        "echo made > made.txt; ls -a ..; cat ../sibling.txt 2>&1; "
+        "grep -c sibling /proc/self/mountinfo",
+        context(work),
+    )
+    assert result.content.startswith("exit code: "), result.content
+    assert (work / "made.txt").read_text() == "made\n"
+    assert "not for the sandbox" not in result.content
+    assert "No such file or directory" in result.content
+    for path in (work, work / "made.txt"):
+        assert (os.stat(path).st_uid, os.stat(path).st_gid) == (os.geteuid(), os.getegid())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root runner lends dedicated uids")
+def test_a_directory_left_lent_by_a_killed_runner_is_reclaimed_before_the_next_command(
+    tool: BashTool, workdir: Path
+) -> None:
+    # What a worker SIGKILLed mid-command leaves: the tree still owned by a sandbox uid.
+    config = SandboxConfig.from_env()
+    lent = config.uid_base + 3
+    (workdir / "src" / "made-by-sandbox").write_text("x")
+    for path in (workdir, workdir / "notes.txt", workdir / "src", workdir / "src/made-by-sandbox"):
+        os.chown(path, lent, lent)
+    result = bash(tool, "echo again >> notes.txt; stat -c %u notes.txt", context(workdir))
+    assert result.content.startswith("exit code: 0"), result.content
+    assert (workdir / "notes.txt").read_text() == "first\nagain\n"
+    for path in (workdir, workdir / "notes.txt", workdir / "src/made-by-sandbox"):
+        assert (os.stat(path).st_uid, os.stat(path).st_gid) == (os.geteuid(), os.getegid())
 
 
 def test_bash_is_absent_where_no_sandbox_can_run() -> None:

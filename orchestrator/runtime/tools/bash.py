@@ -16,7 +16,9 @@ gates it like any high-risk tool unless a profile says otherwise.
 A re-issued call (the worker died after the command started) finds the output of a command
 that had finished in the effect ledger and returns it instead of running the command again;
 one that had not finished runs again, with the same ``LOOPWRIGHT_IDEMPOTENCY_KEY`` in its
-environment so a script can make its own effect happen once.
+environment so a script can make its own effect happen once. The directory a killed worker left
+lent to the sandbox uid is given back before it is used again (docs/sandbox.md, "Borrowed work
+directories"); the directory may live anywhere, also under a ``0700`` parent.
 """
 
 from __future__ import annotations
