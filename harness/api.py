@@ -39,16 +39,13 @@ from harness.services import (
     profile_save_draft,
     profile_update,
 )
+from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsViewer, ReadOrAdmin
 from orchestrator.runtime.types import Effect, ToolSpec
 
 _BAD = OpenApiResponse(description="Invalid input (problem+json, every problem in `errors`).")
 _MISSING = OpenApiResponse(description="No such profile (problem+json).")
 _CONFLICT = OpenApiResponse(description="Draft/publish conflict (problem+json).")
-
-
-def _actor(request: Request) -> str:
-    return str(getattr(request.user, "username", "") or "")
 
 
 def _body(serializer_class: type[Any], request: Request) -> dict[str, Any]:
@@ -107,7 +104,7 @@ class HarnessProfileViewSet(
 
     def _create(self, request: Request) -> Response:
         body = _body(ProfileCreateSerializer, request)
-        profile = profile_create(**body, created_by=_actor(request))
+        profile = profile_create(**body, created_by=request_actor(request))
         return self._profile_response(profile.tag, status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -157,7 +154,10 @@ class HarnessProfileViewSet(
     def save_draft(self, request: Request, tag: str) -> Response:
         body = _body(SaveDraftSerializer, request)
         version = profile_save_draft(
-            tag=tag, settings=body["settings"], note=body.get("note"), created_by=_actor(request)
+            tag=tag,
+            settings=body["settings"],
+            note=body.get("note"),
+            created_by=request_actor(request),
         )
         return Response(VersionSerializer(version).data)
 
@@ -171,7 +171,7 @@ class HarnessProfileViewSet(
     def publish(self, request: Request, tag: str) -> Response:
         body = _body(PublishSerializer, request)
         version = profile_publish(
-            tag=tag, version=body.get("version"), published_by=_actor(request)
+            tag=tag, version=body.get("version"), published_by=request_actor(request)
         )
         return Response(VersionSerializer(version).data)
 

@@ -31,12 +31,9 @@ from loops.serializers import (
 from loops.services.budgets import run_budget_raise
 from loops.services.patterns import pattern_create, pattern_update
 from loops.services.runs import run_act, run_retry, run_trigger
+from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsOperator, ReadOrOperator
 from orchestrator.errors import Conflict
-
-
-def _actor(request: Request) -> str:
-    return str(getattr(request.user, "username", "") or "anonymous")
 
 
 class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
@@ -55,7 +52,7 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
 
     def perform_create(self, serializer: PatternSerializer) -> None:  # type: ignore[override]
         data = dict(serializer.validated_data)
-        serializer.instance = pattern_create(actor=_actor(self.request), **data)
+        serializer.instance = pattern_create(actor=request_actor(self.request), **data)
 
     def perform_update(self, serializer: PatternSerializer) -> None:  # type: ignore[override]
         assert serializer.instance is not None
@@ -78,7 +75,7 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
         body = TriggerSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         run = run_trigger(
-            pattern=pattern, actor=_actor(request), inputs=body.validated_data["inputs"]
+            pattern=pattern, actor=request_actor(request), inputs=body.validated_data["inputs"]
         )
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
@@ -100,7 +97,10 @@ def _action_view(name: str) -> Any:
         body = ActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         updated = run_act(
-            run_id=run.id, action=name, actor=_actor(request), reason=body.validated_data["reason"]
+            run_id=run.id,
+            action=name,
+            actor=request_actor(request),
+            reason=body.validated_data["reason"],
         )
         return Response(RunSerializer(updated).data)
 
@@ -177,7 +177,7 @@ class RunViewSet(
     def retry(self, request: Request, pk: str | None = None) -> Response:
         """Start a new run with the same inputs (only for failed or canceled runs)."""
         run = self.get_object()
-        new_run = run_retry(run_id=run.id, actor=_actor(request))
+        new_run = run_retry(run_id=run.id, actor=request_actor(request))
         return Response(RunSerializer(new_run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -196,7 +196,7 @@ class RunViewSet(
         body = BudgetRaiseSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         updated = run_budget_raise(
-            run_id=run.id, per_run=body.validated_data["perRun"], actor=_actor(request)
+            run_id=run.id, per_run=body.validated_data["perRun"], actor=request_actor(request)
         )
         return Response(RunDetailSerializer(updated).data)
 

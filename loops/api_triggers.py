@@ -28,6 +28,7 @@ from loops.triggers.events import (
     event_signature_verify,
 )
 from loops.triggers.scheduler import pattern_schedule
+from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.authentication import BearerTokenAuthentication
 from orchestrator.accounts.permissions import IsAdmin, IsViewer
 from orchestrator.accounts.roles import Role, has_role
@@ -37,10 +38,6 @@ TIMESTAMP_HEADER = "X-Loopwright-Timestamp"
 SIGNATURE_HEADER = "X-Loopwright-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
-
-
-def _actor(request: Request) -> str:
-    return str(getattr(request.user, "username", "") or "anonymous")
 
 
 # --- cron schedule -------------------------------------------------------------------------------
@@ -133,7 +130,7 @@ class EventKeyViewSet(viewsets.ModelViewSet[EventKey]):
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         body = EventKeySerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        row, secret = event_key_create(actor=_actor(request), **dict(body.validated_data))
+        row, secret = event_key_create(actor=request_actor(request), **dict(body.validated_data))
         return Response(_with_secret(row, secret), status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer: EventKeySerializer) -> None:  # type: ignore[override]

@@ -21,7 +21,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import F, Field, Model, Q, Value
 from django.db.models.expressions import CombinedExpression, RawSQL
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db.models.sql import UpdateQuery
 from psycopg.adapt import Transformer
 
 
@@ -140,17 +140,6 @@ def _is_increment(value: Any) -> bool:
         and isinstance(value.rhs, Value)
         and isinstance(value.rhs.value, int)
     )
-
-
-def insert_sql(objs: Sequence[Model]) -> tuple[str, list[Any]]:
-    """The ``INSERT`` of ``bulk_create(objs)`` (every concrete field but the automatic primary
-    key, ``auto_now`` fields filled), without returning anything, to send in a :class:`Batch`."""
-    model = type(objs[0])
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key or not f.auto_created]
-    query = InsertQuery(model)
-    query.insert_values(fields, list(objs))
-    [(sql, params)] = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
-    return sql, list(params)
 
 
 def prepared(model: type[Model], name: str, value: Any) -> Any:

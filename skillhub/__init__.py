@@ -1,1 +1,1 @@
-"""Skill Hub: sandboxed code skills as tools (not built yet; see the open issue)."""
+"""Skill Hub: code skills run in the sandbox and offered as tools to runs, the API and MCP."""

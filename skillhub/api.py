@@ -17,6 +17,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsOperator, IsViewer, ReadOrOperator
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from skillhub.catalog import TEMPLATES
@@ -60,10 +61,6 @@ def _after(value: str | None) -> int:
     return int(str(value))
 
 
-def _actor(request: Request) -> str:
-    return str(getattr(request.user, "username", "") or "anonymous")
-
-
 class SkillViewSet(viewsets.ModelViewSet[Skill]):
     """Skill definitions, addressed by their immutable ``tool_name``."""
 
@@ -80,7 +77,7 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
 
     def perform_create(self, serializer: SkillSerializer) -> None:  # type: ignore[override]
         serializer.instance = skill_create(
-            actor=_actor(self.request), **serializer.service_fields()
+            actor=request_actor(self.request), **serializer.service_fields()
         )
 
     def perform_update(self, serializer: SkillSerializer) -> None:  # type: ignore[override]
@@ -181,7 +178,7 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
         data = body.validated_data
         result = git_sync_skills(
             repository=data["repository"], ref=data["ref"], apply=data["apply"],
-            actor=_actor(request),
+            actor=request_actor(request),
         )  # fmt: skip
         return Response(result)
 

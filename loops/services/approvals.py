@@ -18,7 +18,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
@@ -393,7 +392,3 @@ def _expire_one(approval_id: uuid.UUID) -> None:
         run_id=run.id, type="approval.expired", actor="timeout", data={"approval": str(approval.id)}
     )
     _resume_if_settled(run, "timeout")
-
-
-def approvals_pending() -> QuerySet[ActionApproval]:
-    return ActionApproval.objects.filter(status=ApprovalStatus.PENDING).order_by("created_at")

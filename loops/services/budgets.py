@@ -434,11 +434,6 @@ def _take(
     return Exhausted(kind, scope, metric, usage(scope, [metric])[metric], limit)
 
 
-def _add(scope: str, metric: str, n: Decimal) -> None:
-    """Add ``n`` whatever the limit (a metered charge: the call has happened)."""
-    _upsert(scope, metric, n, None)
-
-
 def _add_many(rows: list[tuple[str, str, Decimal]]) -> None:
     """Add to several buckets whatever their limits, in one multi-row upsert (rows are taken
     in the given order, which must be the one order every writer uses: per-run scope first,

@@ -29,10 +29,6 @@ class IsOperator(_RolePermission):
     roles = (Role.OPERATOR,)
 
 
-class IsApprover(_RolePermission):
-    roles = (Role.APPROVER,)
-
-
 class IsAdmin(_RolePermission):
     roles = (Role.ADMIN,)
 
