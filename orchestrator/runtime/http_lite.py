@@ -160,11 +160,7 @@ class Pool:
     async def _connect(self, origin: Origin, timeout: float, policy: OutboundPolicy) -> _Connection:
         """A new connection to a checked address of the origin's host (the guard's rules)."""
         scheme, host, port = origin
-        if scheme not in policy.schemes:
-            allowed = ", ".join(sorted(policy.schemes))
-            raise outbound.OutboundRefused(
-                "scheme", f"scheme {scheme!r} is not allowed ({allowed})"
-            )
+        outbound.check_scheme(scheme, policy)
         context = self.ssl_context if scheme == "https" else None
         failure = ""
         try:
@@ -276,18 +272,6 @@ def _decoded(body: bytes, encoding: str, limit: int) -> bytes:
     """The body as sent, undoing a ``Content-Encoding`` a server applied unasked; at most
     ``limit`` decoded bytes (a compressed bomb stops there)."""
     encoding = encoding.strip().lower()
-    if encoding == "gzip":
-        return _inflate(zlib.decompressobj(16 + zlib.MAX_WBITS), body, limit)
-    if encoding == "deflate":
-        try:
-            return _inflate(zlib.decompressobj(), body, limit)
-        except zlib.error:
-            return _inflate(zlib.decompressobj(-zlib.MAX_WBITS), body, limit)
+    if encoding in ("gzip", "deflate"):
+        return outbound.Inflater(encoding, limit).feed(body)
     return body
-
-
-def _inflate(decoder: Any, body: bytes, limit: int) -> bytes:
-    data: bytes = decoder.decompress(body, limit + 1)
-    if len(data) > limit or decoder.unconsumed_tail:
-        raise ResponseTooLarge(limit)
-    return data

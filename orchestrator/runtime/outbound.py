@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -429,6 +430,44 @@ def _inet_aton(name: str) -> str:
         return ""
 
 
+def check_scheme(scheme: str, policy: OutboundPolicy) -> None:
+    """Refuse a scheme (lower case) the policy does not list."""
+    if scheme not in policy.schemes:
+        allowed = ", ".join(sorted(policy.schemes)) or "none"
+        raise OutboundRefused(
+            "scheme", f"scheme {scheme or '(none)'!r} is not allowed (allowed: {allowed})"
+        )
+
+
+class Inflater:
+    """Undoes a ``Content-Encoding`` (``gzip``, ``deflate`` with or without its zlib wrapper)
+    chunk by chunk, never producing more than ``limit`` bytes in all (a compressed bomb stops
+    there with :class:`ResponseTooLarge`); a corrupt body raises ``zlib.error``."""
+
+    def __init__(self, encoding: str, limit: int) -> None:
+        if encoding not in ("gzip", "x-gzip", "deflate"):
+            raise ValueError(f"unsupported Content-Encoding {encoding!r}")
+        self.limit = limit
+        self.total = 0
+        self._raw_fallback = encoding == "deflate"
+        self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding != "deflate" else 15)
+
+    def feed(self, chunk: bytes) -> bytes:
+        room = self.limit - self.total + 1
+        try:
+            data: bytes = self._zlib.decompress(chunk, room)
+        except zlib.error:
+            if self.total or not self._raw_fallback:
+                raise
+            self._raw_fallback = False  # "deflate" sent without the zlib wrapper
+            self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+            data = self._zlib.decompress(chunk, room)
+        self.total += len(data)
+        if self.total > self.limit or self._zlib.unconsumed_tail:
+            raise ResponseTooLarge(self.limit)
+        return data
+
+
 def check_url(url: str, policy: OutboundPolicy) -> Target:
     """The static checks of ``url`` (scheme, userinfo, host form, metadata names, literal
     addresses): a :class:`Target` to resolve, or :class:`OutboundRefused`."""
@@ -440,11 +479,7 @@ def check_url(url: str, policy: OutboundPolicy) -> Target:
     except ValueError as exc:
         raise OutboundRefused("url", f"not a valid URL: {exc}") from None
     scheme = parts.scheme.lower()
-    if scheme not in policy.schemes:
-        allowed = ", ".join(sorted(policy.schemes)) or "none"
-        raise OutboundRefused(
-            "scheme", f"scheme {scheme or '(none)'!r} is not allowed (allowed: {allowed})"
-        )
+    check_scheme(scheme, policy)
     if "@" in parts.netloc:
         raise OutboundRefused("url", "credentials in the URL (user@host) are not accepted")
     if not parts.hostname:

@@ -28,7 +28,12 @@ import httpcore2
 import httpx2
 
 from orchestrator.runtime import outbound
-from orchestrator.runtime.outbound import OutboundPolicy, OutboundRefused, ResponseTooLarge
+from orchestrator.runtime.outbound import (
+    Inflater,
+    OutboundPolicy,
+    OutboundRefused,
+    ResponseTooLarge,
+)
 
 _ENCODINGS = "gzip, deflate"
 
@@ -115,43 +120,30 @@ class GuardedBackend(httpcore2.NetworkBackend):
 
 
 class _Decoder:
-    """Content decoding with a cap on the decoded bytes (identity, gzip, deflate)."""
+    """The response body as httpx hands it on: decoded by :class:`outbound.Inflater` (identity
+    passes through, counted), within the policy's cap and the total deadline."""
 
     def __init__(self, encoding: str, limit: int, deadline: float | None) -> None:
         self.limit = limit
         self.total = 0
         self.deadline = deadline
-        self.zlib: Any = None
-        self.raw_deflate = False
-        if encoding in ("gzip", "x-gzip"):
-            self.zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self.zlib = zlib.decompressobj()
-        elif encoding not in ("", "identity"):
-            raise httpx2.DecodingError(f"unsupported Content-Encoding {encoding!r}")
+        try:
+            self.inflater = None if encoding in ("", "identity") else Inflater(encoding, limit)
+        except ValueError as exc:
+            raise httpx2.DecodingError(str(exc)) from None
 
     def feed(self, chunk: bytes) -> bytes:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise httpx2.ReadTimeout("the response did not arrive within the total timeout")
-        room = self.limit - self.total + 1
-        data = chunk if self.zlib is None else self._inflate(chunk, room)
-        self.total += len(data)
+        if self.inflater is not None:
+            try:
+                return self.inflater.feed(chunk)
+            except zlib.error:
+                raise httpx2.DecodingError("the compressed body is corrupt") from None
+        self.total += len(chunk)
         if self.total > self.limit:
             raise ResponseTooLarge(self.limit)
-        return data
-
-    def _inflate(self, chunk: bytes, room: int) -> bytes:
-        try:
-            data: bytes = self.zlib.decompress(chunk, room)
-        except zlib.error:
-            if self.total or self.raw_deflate:
-                raise httpx2.DecodingError("the compressed body is corrupt") from None
-            self.raw_deflate = True  # "deflate" sent without the zlib wrapper
-            self.zlib = zlib.decompressobj(-zlib.MAX_WBITS)
-            data = self.zlib.decompress(chunk, room)
-        if self.zlib.unconsumed_tail:
-            raise ResponseTooLarge(self.limit)
-        return data
+        return chunk
 
 
 class _CappedAsyncStream(httpx2.AsyncByteStream):
@@ -185,10 +177,7 @@ class _CappedStream(httpx2.SyncByteStream):
 
 
 def _prepare(request: httpx2.Request, policy: OutboundPolicy) -> None:
-    scheme = request.url.scheme.lower()
-    if scheme not in policy.schemes:
-        allowed = ", ".join(sorted(policy.schemes))
-        raise OutboundRefused("scheme", f"scheme {scheme!r} is not allowed (allowed: {allowed})")
+    outbound.check_scheme(request.url.scheme.lower(), policy)
     request.headers["Accept-Encoding"] = _ENCODINGS
 
 

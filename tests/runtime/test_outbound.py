@@ -11,13 +11,14 @@ import ipaddress
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from orchestrator.runtime import outbound_http
+from orchestrator.runtime import outbound, outbound_http
 from orchestrator.runtime.outbound import (
     OutboundPolicy,
     OutboundRefused,
@@ -335,3 +336,30 @@ async def test_proxy_variables_are_ignored(canary: Canary, monkeypatch: pytest.M
         async with outbound_http.async_client(OutboundPolicy(), verify=context) as http:
             assert (await http.post(canary.url(), json={})).status_code == 200
         assert (canary.hits(), proxy.hits()) == (1, 0)
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "pack"),
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", _raw_deflate)],
+)
+def test_the_inflater_undoes_each_encoding_chunk_by_chunk(
+    encoding: str, pack: Callable[[bytes], bytes]
+) -> None:
+    body = pack(b'{"text": "' + b"y" * 5000 + b'"}')
+    inflater = outbound.Inflater(encoding, 2**20)
+    out = b"".join(inflater.feed(body[i : i + 7]) for i in range(0, len(body), 7))
+    assert out == b'{"text": "' + b"y" * 5000 + b'"}'
+
+
+def test_the_inflater_stops_at_its_cap_and_refuses_corrupt_or_unknown_bodies() -> None:
+    with pytest.raises(ResponseTooLarge):
+        outbound.Inflater("gzip", 1000).feed(gzip.compress(b"0" * 5000))
+    with pytest.raises(zlib.error):
+        outbound.Inflater("gzip", 1000).feed(b"not gzip at all")
+    with pytest.raises(ValueError, match="unsupported Content-Encoding 'br'"):
+        outbound.Inflater("br", 1000)
