@@ -1,4 +1,4 @@
-"""A4: approve → resume latency with an idle real worker (RELIABILITY.md A4).
+"""A4: approve → resume latency with an idle real worker (docs/reliability.md A4).
 
 What is measured, precisely. The end point is the moment the approved ``write`` call starts in
 the worker: the production tool, wrapped so that its first act is to stamp the wall clock. The

@@ -20,7 +20,7 @@ from typing import Any
 from skillhub.sandbox import Language, SandboxConfig, SandboxRequest, run_sandboxed
 
 #: (median, p99) targets in ms. bwrap itself costs ~20 ms over a bare start on this machine
-#: kind (RELIABILITY.md section 4: 33 ms vs 16 ms); the rest is bookkeeping.
+#: kind (docs/reliability.md section 4: 33 ms vs 16 ms); the rest is bookkeeping.
 TARGETS_MS: dict[Language, tuple[float, float]] = {"python": (100.0, 300.0), "node": (250.0, 600.0)}
 PROGRAMS: dict[Language, str] = {"python": "print(1)", "node": "console.log(1)"}
 FIGURES: dict[Language, str] = {

@@ -1,7 +1,7 @@
 """Small vendor-specific SQL pieces for the hot paths (claims, leases, fenced writes).
 
 All lease arithmetic uses the database clock, never a worker's: a worker whose clock drifts
-cannot extend or steal a lease (RELIABILITY.md D5).
+cannot extend or steal a lease (docs/reliability.md D5).
 """
 
 from __future__ import annotations

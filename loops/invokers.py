@@ -235,7 +235,7 @@ class StepJournal(Protocol):
     async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
         """Check an approved call (step ``seq``, status ``approved``) right before it runs:
         ``name`` and ``arguments`` must be exactly what the human approved for this run, step
-        and policy version (RELIABILITY.md A2). Returns "" when it may run, else why not; a
+        and policy version (docs/reliability.md A2). Returns "" when it may run, else why not; a
         refused call must not run (the invoker completes its step with the refusal as an
         error)."""
         ...

@@ -390,7 +390,7 @@ class ActionApproval(models.Model):
 
     ``proposal_hash`` binds the decision to exactly this call: tool name, canonical arguments,
     run, step and harness version. ``executed_hash`` is written when the approved call runs, so
-    an audit can prove that what ran is what was approved (RELIABILITY.md A2).
+    an audit can prove that what ran is what was approved (docs/reliability.md A2).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)

@@ -2,7 +2,7 @@
 
 ``loops.drive_run`` is a nudge: it hands the run id to this process's run driver and returns
 at once. The driver claims the run in the database; if another worker already holds it, the
-nudge is a no-op (RELIABILITY.md D6).
+nudge is a no-op (docs/reliability.md D6).
 """
 
 from __future__ import annotations

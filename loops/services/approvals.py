@@ -234,7 +234,7 @@ def approval_decide(
 def approval_authorize_execution(
     lease: Lease, *, seq: int, name: str, arguments: dict[str, Any]
 ) -> str:
-    """The last check before an approved call runs (RELIABILITY.md A2): the call about to run
+    """The last check before an approved call runs (docs/reliability.md A2): the call about to run
     must be the approved one (tool name, canonical arguments, run, step, policy version) and
     still be approved. Records ``executed_hash`` and returns "" when it may run; otherwise
     records an ``approval.execution_refused`` event and returns why it may not.

@@ -1,7 +1,7 @@
 """Wake-up calls to workers, sent only after the transaction commits.
 
 A nudge is an optimisation: workers also poll the database, and the reaper re-queues what is
-due, so a nudge lost with the broker only delays a run (RELIABILITY.md D7).
+due, so a nudge lost with the broker only delays a run (docs/reliability.md D7).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Celery beat sends ``loops.cron_tick`` every few seconds (``LOOPWRIGHT_CRON_TICK_SECONDS``); the
 tick claims due ``CronSchedule`` rows, records each fire as a ``CronFire`` row (unique per
 pattern and scheduled time) and starts the run in the same transaction, then moves the schedule
-to its next fire time. Nothing is scheduled with Celery ETAs (RELIABILITY.md §1): the database
+to its next fire time. Nothing is scheduled with Celery ETAs (docs/reliability.md §1): the database
 holds every due time, so a tick that is lost, late or doubled changes nothing but latency.
 
 Two ticks at once (two beat processes, a tick that overruns the next one): on PostgreSQL each

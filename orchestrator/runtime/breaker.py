@@ -36,7 +36,7 @@ MAX_COOLDOWN_SECONDS = 600.0
 #: a breaker another process opened is seen here at most this much later.
 CLOSED_CACHE_SECONDS = 0.25
 #: Consecutive failed requests (all callers, all processes) that open a closed breaker even
-#: before one call has exhausted its retries (RELIABILITY.md P5: "opens after <= 5").
+#: before one call has exhausted its retries (docs/reliability.md P5: "opens after <= 5").
 FAILURE_THRESHOLD = 5
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

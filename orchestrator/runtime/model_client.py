@@ -559,7 +559,8 @@ class OpenAICompatibleClient:
                     failed.append(attempt)
                     if await self._opened_by_failures(admission, target):
                         # The consecutive failures of every caller reached the threshold (or
-                        # another caller opened the breaker): stop adding load (RELIABILITY P5).
+                        # another caller opened the breaker): stop adding load
+                        # (docs/reliability.md P5).
                         err.exhausted = True
                         err.detail = f"{err.detail}; circuit open"
                         raise err from None

@@ -1,4 +1,4 @@
-"""Known secrets out of everything an invocation persists (RELIABILITY.md P2).
+"""Known secrets out of everything an invocation persists (docs/reliability.md P2).
 
 The model client keeps API keys out of its own errors and logs (``secrets.redact``). What it
 cannot stop is the *content* of a step carrying a key: a hostile or confused provider echoing

@@ -1,4 +1,4 @@
-"""Approvals with a real worker process (RELIABILITY.md A1, A2): the production AgentInvoker
+"""Approvals with a real worker process (docs/reliability.md A1, A2): the production AgentInvoker
 drives the runs against a scripted model served over loopback HTTP, humans decide over real
 HTTP (the live server), and the worker resumes the runs.
 

@@ -1,7 +1,7 @@
 """P7 for ``bash``: workers SIGKILLed while their commands run; every run still ends for a
 reason of its own, no completed side effect is repeated, no workspace is left unusable.
 
-RELIABILITY.md §5 P7, for the step kind that used to break it (the workspace stayed lent to the
+docs/reliability.md P7, for the step kind that used to break it (the workspace stayed lent to the
 sandbox uid after a kill, git refused it, and the run failed as "the worker stopped 5 times"):
 
 - 100 runs, each leader + maker + verifier through the loopback model server and the

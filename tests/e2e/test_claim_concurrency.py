@@ -1,6 +1,6 @@
 """D2: concurrent claimer processes never double-claim and leave nothing unclaimed.
 
-RELIABILITY.md §5 D2 with the engine's real ``run_claim``. 8 claimer processes (the claimer of
+docs/reliability.md D2 with the engine's real ``run_claim``. 8 claimer processes (the claimer of
 ``bench/claims.py``) are released at the same instant over N queued runs. Each loops: claim one
 run and, in the same transaction, insert (run_id, owner, token) into an audit table; then
 complete it through ``run_transition`` (``running``, then ``succeeded``), fenced by the lease.

@@ -1,4 +1,4 @@
-"""Lease expiry uses only the database clock (RELIABILITY.md §1 "Clock skew", D5).
+"""Lease expiry uses only the database clock (docs/reliability.md §1 "Clock skew", D5).
 
 Three layers of evidence:
 

@@ -1,6 +1,6 @@
 """D6: duplicate Celery deliveries are harmless, because the claim in the database decides.
 
-RELIABILITY.md §5 D6. A Celery message is only a nudge; a second delivery of the same nudge
+docs/reliability.md D6. A Celery message is only a nudge; a second delivery of the same nudge
 (redelivery after the Redis visibility timeout, a retried publish, a re-enqueue by the reaper)
 must find the run already leased or finished and do nothing.
 

@@ -1,6 +1,6 @@
 """D8: a PostgreSQL restart in the middle of 30 active runs costs nothing but a little time.
 
-RELIABILITY.md §5 D8 (catalogue: 50 runs; here 30). The test never touches the machine's
+docs/reliability.md D8 (catalogue: 50 runs; here 30). The test never touches the machine's
 shared cluster: it creates a private one (``initdb`` + ``pg_ctl``, trust auth, loopback, a free
 port, files in a temp dir), migrates a database there with ``manage.py migrate`` in a
 subprocess, and runs two ``celery worker`` processes and ``celery beat`` (reaper every 1 s)

@@ -1,6 +1,6 @@
 """D7: losing Redis mid-flight delays runs, never loses or repeats them.
 
-RELIABILITY.md §5 D7, scaled: 200 runs (catalogue: 1,000) and a 10 s outage (catalogue: 20 s;
+docs/reliability.md D7, scaled: 200 runs (catalogue: 1,000) and a 10 s outage (catalogue: 20 s;
 10 s is enough for every lease of a dead worker to expire, which is what the criterion is
 about). The test never touches the machine's shared Redis: it starts its own ``redis-server``
 on a free port; the workers, ``celery beat`` (reaper every 1 s) and the test's own nudges use

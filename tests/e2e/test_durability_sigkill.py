@@ -1,6 +1,6 @@
 """D1: SIGKILL chaos. Every run is reclaimed and finishes; no side effect happens twice.
 
-RELIABILITY.md §5 D1, scaled to fit CI (the meaning of each criterion is kept):
+docs/reliability.md D1, scaled to fit CI (the meaning of each criterion is kept):
 
 - 48 runs (catalogue: 200), each leader + maker + verifier with 5 side-effecting steps of
   0.4 s, so 720 steps; 3 ``celery worker`` processes.

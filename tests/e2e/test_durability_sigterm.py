@@ -1,6 +1,6 @@
 """D9: graceful shutdown. On SIGTERM a worker drains, then gives its runs back.
 
-RELIABILITY.md §5 D9, drain timeout scaled from 30 s to 4 s. A worker holds 3 runs whose steps
+docs/reliability.md D9, drain timeout scaled from 30 s to 4 s. A worker holds 3 runs whose steps
 take 2 s each (a run needs about 18 s, so none can finish within the drain) and gets SIGTERM,
 as systemd or Kubernetes would send it. Pass criteria as implemented:
 

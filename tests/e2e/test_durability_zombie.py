@@ -1,6 +1,6 @@
 """D3: a frozen worker (SIGSTOP) loses its runs, and when it wakes up it can write nothing.
 
-RELIABILITY.md §5 D3 with real processes. Three runs start on worker ``zombie``. One of them
+docs/reliability.md D3 with real processes. Three runs start on worker ``zombie``. One of them
 pauses just before a side effect (the test invoker's ``LW_TEST_HOLD_AT`` hook), and at that
 moment the test freezes the zombie's whole process group with SIGSTOP. The zombie stays frozen
 for more than 2 x the lease TTL (3 s) and until another worker, started after the freeze, has

@@ -1,4 +1,4 @@
-"""Limits with real worker processes (RELIABILITY.md P4, and the pattern circuit breaker).
+"""Limits with real worker processes (docs/reliability.md P4, and the pattern circuit breaker).
 
 P4: the production AgentInvoker drives runs whose maker never stops calling tools, against a
 scripted model served over loopback HTTP (every call 500 tokens and $0.025). A per-run budget

@@ -1,4 +1,4 @@
-"""RELIABILITY.md P5: the model provider is down for a while (500s and timeouts), then back.
+"""docs/reliability.md P5: the model provider is down for a while (500s and timeouts), then back.
 
 Real parts: a ``celery worker`` with the production AgentInvoker, ``celery beat``, the
 loopback OpenAI-compatible server and the shared breaker store (Redis when ``REDIS_URL`` is set,

@@ -1,4 +1,4 @@
-"""RELIABILITY.md A1: two approves and a reject racing on every approval, over real HTTP.
+"""docs/reliability.md A1: two approves and a reject racing on every approval, over real HTTP.
 
 Parked runs (real services, see ``park_directly``) each wait on one gated write. For every
 approval three requests, each on its own HTTP connection and so its own server thread and

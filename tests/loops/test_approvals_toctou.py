@@ -1,4 +1,4 @@
-"""RELIABILITY.md A2 (TOCTOU): what runs is what was approved, and nothing else.
+"""docs/reliability.md A2 (TOCTOU): what runs is what was approved, and nothing else.
 
 An approval stores ``proposal_hash`` over (tool, canonical arguments, run, step, policy
 version); the decision stores ``approved_hash`` over the arguments that will run, and the

@@ -3,7 +3,7 @@
 On PostgreSQL the conditional ``UPDATE`` re-checks its condition on the row it waited for and
 the admission of a model call locks the day's buckets; on SQLite the IMMEDIATE transactions
 serialise writers. Either way: a counted budget ends exactly at its limit, and a metered one
-overshoots by at most one call in total (RELIABILITY.md P4).
+overshoots by at most one call in total (docs/reliability.md P4).
 """
 
 from __future__ import annotations

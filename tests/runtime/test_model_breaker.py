@@ -259,7 +259,7 @@ async def test_a_probe_is_a_single_attempt_without_retries(
 async def test_p5_an_endpoint_that_is_down_for_a_while_recovers_through_the_breaker(
     store: BreakerStore, clock: FakeClock, make_model_server: Callable[[], ModelServer]
 ):
-    """RELIABILITY P5: down for five minutes, then back. Calls every 10 s for 15 minutes."""
+    """docs/reliability.md P5: down for five minutes, then back. Calls every 10 s for 15 minutes."""
     primary, backup = make_model_server(), make_model_server()
     back_at = clock.now() + 300
     seen_at: list[float] = []

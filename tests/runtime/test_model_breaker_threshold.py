@@ -1,4 +1,4 @@
-"""The breaker's shared failure threshold (RELIABILITY.md P5: "opens after <= 5 consecutive
+"""The breaker's shared failure threshold (docs/reliability.md P5: "opens after <= 5 consecutive
 failures"): failed requests of every caller count, so concurrent callers cannot each spend
 their full retry budget on an endpoint that is down, and a success starts the count again.
 Both stores (database rows, and Redis when ``REDIS_URL`` is set)."""

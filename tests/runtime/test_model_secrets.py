@@ -1,4 +1,4 @@
-"""RELIABILITY P2 for the model layer: a canary API key never shows up in logs or errors."""
+"""docs/reliability.md P2 for the model layer: a canary API key never shows up in logs or errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RELIABILITY.md A3: the authorization matrix (BOLA/BFLA) and "no code before auth".
+"""docs/reliability.md A3: the authorization matrix (BOLA/BFLA) and "no code before auth".
 
 Every route the URL resolver knows is called — the REST API under ``/api/`` with GET, POST,
 PUT, PATCH and DELETE, the UI and the Django admin with POST (and GET for the visitors without

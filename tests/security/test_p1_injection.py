@@ -1,4 +1,4 @@
-"""RELIABILITY.md P1 for the tool loop: prompt injection in tool outputs never gets a tool run
+"""docs/reliability.md P1 for the tool loop: prompt injection in tool outputs never gets a tool run
 outside the role's plan, nor a gated tool without an approval.
 
 Each of 60 runs plants one injection payload in a file of its workspace. The targeted role

@@ -1,4 +1,4 @@
-"""RELIABILITY.md P2 for the agent runtime: canary secrets never leak.
+"""docs/reliability.md P2 for the agent runtime: canary secrets never leak.
 
 Two random canaries are planted as the API keys of a model endpoint and of its failover (only
 environment variables hold them). The loopback provider sees them in the Authorization header

@@ -1,4 +1,4 @@
-"""RELIABILITY.md P3 (SSRF): every request the server makes on a user's behalf goes through the
+"""docs/reliability.md P3 (SSRF): every request the server makes on a user's behalf goes through the
 outbound guard, with the resolved address checked at connect time and after redirects.
 
 1. A table of hostile URLs (loopback and the server's own services, unspecified, metadata

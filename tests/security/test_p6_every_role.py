@@ -1,4 +1,4 @@
-"""RELIABILITY P6 across the roles: nothing of the server within any persona's reach.
+"""docs/reliability.md P6 across the roles: nothing of the server within any persona's reach.
 
 Every persona (anonymous, outsider, viewer, approver, operator, admin) tries, through the REST
 API, to name a server variable as a model endpoint's key, to point a ``local-dir`` skill at a

@@ -1,4 +1,4 @@
-"""RELIABILITY.md P6, secrets: no server variable can be named as a connector's key.
+"""docs/reliability.md P6, secrets: no server variable can be named as a connector's key.
 
 From outside with an operator token, ``api_key_env`` naming any variable of the server's own
 configuration (every name the product code reads from the environment, found by scanning it,

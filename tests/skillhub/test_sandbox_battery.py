@@ -1,4 +1,4 @@
-"""RELIABILITY.md S1: the escape and abuse battery, 14 cases for Python and for Node.js.
+"""docs/reliability.md S1: the escape and abuse battery, 14 cases for Python and for Node.js.
 
 Every case runs a real hostile program in the real sandbox. The whole battery (both languages,
 plus two orphan cases) runs concurrently once per module, which also shows that sandboxes do

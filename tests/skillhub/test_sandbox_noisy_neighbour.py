@@ -1,4 +1,4 @@
-"""RELIABILITY.md S2 at the sandbox level: bombs in sandboxes next to a latency-sensitive server.
+"""docs/reliability.md S2 at the sandbox level: bombs in sandboxes next to a latency-sensitive server.
 
 While fork bombs (one of them trying setsid() per child) and memory bombs (Python and
 Node.js) run in sandboxes, this process serves

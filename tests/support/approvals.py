@@ -1,4 +1,4 @@
-"""Helpers for the approval tests (RELIABILITY.md A1-A4): parked runs, a role-aware scripted
+"""Helpers for the approval tests (docs/reliability.md A1-A4): parked runs, a role-aware scripted
 model, an in-process engine driver, a loopback webhook receiver and concurrent deciders.
 
 Two ways to get a run parked on gated calls, both through the real services:

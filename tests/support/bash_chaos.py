@@ -1,4 +1,4 @@
-"""Shared parts of the tests that kill workers during ``bash`` (RELIABILITY.md P7).
+"""Shared parts of the tests that kill workers during ``bash`` (docs/reliability.md P7).
 
 A scripted model for the loopback model server (leader plans, maker runs one ``bash`` command
 and reports, verifier passes or rejects as the run's label says), a git repository for the

@@ -1,4 +1,4 @@
-"""Loopback listeners for the outbound-guard tests (RELIABILITY P3).
+"""Loopback listeners for the outbound-guard tests (docs/reliability.md P3).
 
 :class:`Canary` listens on 127.0.0.1 and ::1 on one port, records every connection it accepts
 and answers each request with a small OpenAI-style completion (so an allowed model call or

@@ -1,4 +1,4 @@
-"""Failure injection for the durability tests (RELIABILITY.md §5, D1-D9).
+"""Failure injection for the durability tests (docs/reliability.md, D1-D9).
 
 Everything here starts real processes in their own session (process group) and knows how to
 kill the whole group, so a test never leaves an orphan: ``celery beat`` for the reaper, a

@@ -1,4 +1,4 @@
-"""D11 (RELIABILITY.md): two schedulers at once never double-fire a (pattern, scheduled time).
+"""D11 (docs/reliability.md): two schedulers at once never double-fire a (pattern, scheduled time).
 
 Two threads, each with its own database connection, run the real tick over the same every-minute
 patterns for several simulated minutes, released together at each minute so that they really
