@@ -72,8 +72,8 @@ class _StampedWrite:
 
 
 def _marking_invoker() -> Any:
-    from orchestrator.agents.invoker import AgentInvoker
-    from orchestrator.runtime.tools import ToolRegistry
+    from loops.worker.invoker import AgentInvoker
+    from runtime.tools import ToolRegistry
 
     class MarkingInvoker(AgentInvoker):
         """The production AgentInvoker; only its ``write`` writes a start stamp first."""
@@ -103,11 +103,11 @@ def setup_main(count: int) -> None:
     import django
 
     django.setup()
-    from loops.management.commands.seed_demo import ensure_demo_team
     from loops.services.patterns import pattern_create
     from loops.services.runs import run_trigger
     from orchestrator.accounts.roles import Role
     from orchestrator.accounts.services import api_token_create, user_ensure
+    from orchestrator.management.commands.seed_demo import ensure_demo_team
 
     ensure_demo_team()
     pattern = pattern_create(

@@ -17,7 +17,7 @@
   ``steps`` (tool-calling steps of the maker), ``gate=1`` (then a ``write`` that the default
   harness gates for approval).
 * **The bench invoker.** ``LOOPWRIGHT_INVOKER=bench.common.BenchAgentInvoker``: the production
-  :class:`~orchestrator.agents.invoker.AgentInvoker` with two bench tools added to the builtin
+  :class:`~loops.worker.invoker.AgentInvoker` with two bench tools added to the builtin
   registry: ``bench_noop`` (read effect, does nothing) and a ``write`` with the builtin schema
   that records when it starts (``LW_BENCH_MARK_DIR``) instead of writing.
 """
@@ -670,7 +670,7 @@ class NoopTool:
     """A read-effect tool that does nothing: a step costs what the loop costs."""
 
     def __init__(self, name: str = NOOP_TOOLS[0]) -> None:
-        from orchestrator.runtime.types import Effect, ToolSpec
+        from runtime.types import Effect, ToolSpec
 
         self.spec = ToolSpec(
             name=name,
@@ -680,7 +680,7 @@ class NoopTool:
         )
 
     async def run(self, arguments: dict[str, Any], context: Any) -> Any:
-        from orchestrator.runtime.tools import ToolResult
+        from runtime.tools import ToolResult
 
         return ToolResult("ok")
 
@@ -693,7 +693,7 @@ class MarkedWrite:
 
     async def run(self, arguments: dict[str, Any], context: Any) -> Any:
         started = time.monotonic()
-        from orchestrator.runtime.tools import ToolResult
+        from runtime.tools import ToolResult
 
         mark_dir = os.environ.get("LW_BENCH_MARK_DIR")
         if mark_dir:
@@ -708,7 +708,7 @@ class MarkedWrite:
 def bench_registry() -> Any:
     from django.conf import settings
 
-    from orchestrator.runtime.tools import (
+    from runtime.tools import (
         DirectoryLedger,
         FileToolConfig,
         ToolRegistry,
@@ -728,7 +728,7 @@ class BenchAgentInvoker:
 
     @classmethod
     def build(cls) -> Any:
-        from orchestrator.agents.invoker import AgentInvoker
+        from loops.worker.invoker import AgentInvoker
 
         _announce_driver()
         return AgentInvoker(tools=bench_registry())

@@ -21,7 +21,7 @@ from typing import Any
 from harness.compile import Layer, harness_compile, layer_from_settings, layer_parse, profile_layer
 from harness.planner import plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, layer_validate
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 
 TOOLS = 200
 TARGET_MS = 1.0

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from skillhub.sandbox import Language, SandboxConfig, SandboxRequest, run_sandboxed
+from sandbox import Language, SandboxConfig, SandboxRequest, run_sandboxed
 
 #: (median, p99) targets in ms. bwrap itself costs ~20 ms over a bare start on this machine
 #: kind (docs/reliability.md section 4: 33 ms vs 16 ms); the rest is bookkeeping.

@@ -40,7 +40,7 @@ TARGET_MEDIAN_MS, TARGET_P99_MS = 300.0, 1000.0
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from orchestrator.accounts.roles import Role
     from orchestrator.accounts.services import user_ensure
-    from skillhub.sandbox import SandboxRequest, run_sandboxed
+    from sandbox import SandboxRequest, run_sandboxed
     from skillhub.services.access import Caller
     from skillhub.services.executions import execution_request, execution_wait
     from skillhub.services.skills import skill_create

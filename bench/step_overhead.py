@@ -2,7 +2,7 @@
 
 Real runs go through the real engine in one process: the :class:`~loops.worker.driver.RunDriver`
 claims them (lease, fencing token), prepares them, and drives leader → maker → verifier through
-the :class:`~orchestrator.runtime.loop.ToolLoopInvoker`, wired like the production
+the :class:`~runtime.loop.ToolLoopInvoker`, wired like the production
 ``AgentInvoker`` (tool policy planned from the run's harness snapshot, the default system
 prompt). Every model step and tool result goes through the real journal (``DbJournal``: each
 write a fenced transaction run on the driver's database threads). Only the model and the tool are
@@ -52,7 +52,7 @@ class InstantModel:
     async def complete(self, request: Any, **_: Any) -> Any:
         import json
 
-        from orchestrator.runtime.types import ChatResponse, ToolCall, Usage
+        from runtime.types import ChatResponse, ToolCall, Usage
 
         self.calls.append(time.perf_counter())
         usage = Usage(prompt_tokens=10, completion_tokens=5)
@@ -73,7 +73,7 @@ class StepInvoker:
     """The tool loop as ``AgentInvoker`` wires it, with the instant model and the no-op tool."""
 
     def __init__(self) -> None:
-        from orchestrator.runtime.tools import ToolRegistry
+        from runtime.tools import ToolRegistry
 
         self.noops = [common.NoopTool(name) for name in common.NOOP_TOOLS]
         self.registry = ToolRegistry(self.noops)
@@ -82,9 +82,9 @@ class StepInvoker:
         self.lock = threading.Lock()
 
     async def invoke(self, request: Any, journal: Any) -> Any:
-        from orchestrator.agents.invoker import role_tool_policy
-        from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
-        from orchestrator.runtime.prompts import default_system_prompt
+        from loops.worker.invoker import role_tool_policy
+        from runtime.loop import LoopSettings, ToolLoopInvoker
+        from runtime.prompts import default_system_prompt
 
         calls: list[float] = []
         with self.lock:

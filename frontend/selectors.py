@@ -37,7 +37,7 @@ from loops.models import (
     TriggerType,
 )
 from orchestrator.agents.models import Employee, ModelEndpoint
-from orchestrator.runtime.secrets import api_key_configured, current_secret_rule
+from runtime.secrets import api_key_configured, current_secret_rule
 
 #: Heavy JSON columns a runs table never shows.
 _LIST_DEFER = ("harness_snapshots", "policy_snapshot", "cursor", "result", "inputs", "goal")

@@ -41,7 +41,7 @@ from harness.services import (
 )
 from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsViewer, ReadOrAdmin
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 
 _BAD = OpenApiResponse(description="Invalid input (problem+json, every problem in `errors`).")
 _MISSING = OpenApiResponse(description="No such profile (problem+json).")

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from harness.compile import CompiledHarness, name_set
 from harness.schema import EFFECTS, WILDCARD, HarnessSettings
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 
 
 class Decision(enum.StrEnum):

@@ -15,7 +15,7 @@ from rest_framework import serializers
 from harness.models import HarnessProfile, HarnessProfileVersion
 from harness.planner import TRUST_TIERS, Decision
 from harness.schema import HarnessLayer, HarnessSettings, openapi_schema
-from orchestrator.runtime.types import Effect
+from runtime.types import Effect
 
 
 @extend_schema_field(openapi_schema(HarnessLayer), component_name="HarnessLayer")

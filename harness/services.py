@@ -32,7 +32,7 @@ from harness.planner import ToolPlan, plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, SettingsInvalid, layer_validate
 from harness.selectors import profile_get, profile_open_draft
 from orchestrator.errors import Conflict, InvalidInput, NotFound
-from orchestrator.runtime.types import ToolSpec
+from runtime.types import ToolSpec
 
 SEEDED_TAGS = frozenset({"default", "safe", "file-heavy"})
 """Profiles the data migration creates; patterns default to them, so they cannot be deleted."""

@@ -255,7 +255,7 @@ class LoopStep(models.Model):
     lease_token = models.BigIntegerField(default=0)
     #: Tool steps journaled by the engine: SHA-256 of the tool name and canonical arguments,
     #: so the run-level tool-loop policy counts identical calls across invocations and
-    #: resumes (``loops.services.toolloop``).
+    #: resumes (``loops.services.tool_repeats``).
     call_hash = models.CharField(max_length=64, null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

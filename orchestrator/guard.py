@@ -1,6 +1,6 @@
 """Django's side of the outbound guard and the secret rule (docs/security.md).
 
-The rules live in ``orchestrator.runtime.outbound`` and ``orchestrator.runtime.secrets`` (no
+The rules live in ``runtime.outbound`` and ``runtime.secrets`` (no
 Django there); this module feeds them the settings: the process-wide outbound policy (the
 private-range mode and the server's own database and Redis/broker as never-targets), the
 secret rule, Git import's policy, and the save-time checks of a model endpoint. ``apply`` runs
@@ -15,8 +15,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from orchestrator.runtime import outbound, secrets
-from orchestrator.runtime.outbound import OutboundPolicy, OutboundRefused
+from runtime import outbound, secrets
+from runtime.outbound import OutboundPolicy, OutboundRefused
 
 #: Settings whose change rebuilds the policy and the rule.
 _WATCHED = frozenset(

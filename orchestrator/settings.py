@@ -17,7 +17,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from orchestrator.runtime.outbound import (
+from runtime.outbound import (
     OutboundPolicy,
     OutboundRefused,
     check_url,
@@ -25,7 +25,7 @@ from orchestrator.runtime.outbound import (
     parse_private_mode,
     parse_schemes,
 )
-from orchestrator.runtime.secrets import parse_secret_rule
+from runtime.secrets import parse_secret_rule
 from skillhub.services.localdir import parse_local_roots
 
 django_stubs_ext.monkeypatch()
@@ -210,7 +210,7 @@ LOOPWRIGHT: dict[str, Any] = {
     "DRIVER_DB_THREADS": env_int("LOOPWRIGHT_DRIVER_DB_THREADS", 4),
     "DRAIN_SECONDS": env_float("LOOPWRIGHT_DRAIN_SECONDS", 30.0),
     "LOCK_RETRY_SECONDS": env_float("LOOPWRIGHT_LOCK_RETRY_SECONDS", 2.0),
-    "INVOKER": os.environ.get("LOOPWRIGHT_INVOKER", "orchestrator.agents.invoker.AgentInvoker"),
+    "INVOKER": os.environ.get("LOOPWRIGHT_INVOKER", "loops.worker.invoker.AgentInvoker"),
     "APPROVAL_WEBHOOK_URL": os.environ.get("LOOPWRIGHT_APPROVAL_WEBHOOK_URL", ""),
     "APPROVAL_EMAILS": os.environ.get("LOOPWRIGHT_APPROVAL_EMAILS", ""),
     # How late a cron tick may run and still count a due time as on time (``skip`` policy).

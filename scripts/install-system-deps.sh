@@ -2,7 +2,7 @@
 # Install the Debian packages Loopwright needs on the host. Idempotent: a package is installed
 # only when missing, and apt-get runs (after `apt-get update`) only when something is.
 #
-#   bubblewrap    the skill sandbox (skillhub/sandbox, docs/sandbox.md)
+#   bubblewrap    the skill sandbox (sandbox, docs/sandbox.md)
 #   libseccomp2   compiles the sandbox's seccomp filter (loaded through ctypes)
 #   util-linux    choom, setpriv, prlimit, unshare: the sandbox's exec chain
 #   mount         binds a run's workspace for its bash sandbox (a private mount namespace)

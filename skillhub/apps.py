@@ -8,8 +8,8 @@ class SkillhubConfig(AppConfig):
     verbose_name = "Skill Hub"
 
     def ready(self) -> None:
-        from orchestrator.runtime.tools.registry import tool_provider_register
-        from orchestrator.runtime.tools.skills import SKILL_TOOLS
+        from runtime.tools.registry import tool_provider_register
+        from skillhub.tools import SKILL_TOOLS
 
         # Skills become tools of the production registry (AgentInvoker, approval re-checks).
         tool_provider_register(SKILL_TOOLS)

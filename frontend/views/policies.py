@@ -16,7 +16,7 @@ from harness.models import HarnessProfile, HarnessProfileVersion
 from harness.services import harness_preview, profile_publish, profile_save_draft
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError, InvalidInput
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 
 
 @ui_view()

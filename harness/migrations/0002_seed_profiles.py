@@ -2,7 +2,7 @@
 
 The settings are written out here (not imported) so this migration stays what it was when it
 ran; later changes to a seeded profile are new versions. docs/harness.md explains each choice.
-Tool names are the builtin tools of orchestrator/runtime/tools (read, list, write, edit) and the
+Tool names are the builtin tools of runtime/tools (read, list, write, edit) and the
 knowledge search tool external_rag_search.
 """
 

@@ -107,7 +107,7 @@ def _checked_input(approval: ActionApproval, run: LoopRun, edited: Any) -> dict[
     """The arguments that will run: validated against the tool's schema and re-checked
     against the run's harness snapshot (a denied tool can never be approved into running)."""
     from harness.planner import plan_tools
-    from orchestrator.agents.invoker import tool_spec
+    from loops.worker.invoker import tool_spec
 
     spec = tool_spec(approval.tool_name)
     if spec is None:

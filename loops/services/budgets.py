@@ -49,11 +49,11 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from loops import db, state
-from loops.invokers import BudgetExhausted, LeaseLost
 from loops.models import LoopEvent, LoopPattern, LoopRun, UsageBucket
 from loops.policy import Budget, PatternPolicy, ToolLoopPolicy, pydantic_errors
 from loops.services.transitions import Lease, run_event_append
 from orchestrator.errors import Conflict, InvalidInput
+from runtime.invocation import BudgetExhausted, LeaseLost
 
 COUNTED = ("invocations", "toolCalls", "delegations", "verifications")
 METERED = ("tokens", "cost")

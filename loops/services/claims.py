@@ -20,11 +20,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from loops import db, state
-from loops.invokers import StepRecord
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus
 from loops.services import claim_sql
 from loops.services.claims_failures import reaped_exhaustion_reason
 from loops.services.transitions import Lease, run_transition
+from runtime.invocation import StepRecord
 
 _CLAIMABLE = [s.value for s in state.CLAIMABLE]
 _IN_FLIGHT = [s.value for s in state.IN_FLIGHT]

@@ -17,7 +17,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 
 from loops.models import ActionApproval
-from orchestrator.runtime import outbound, outbound_http
+from runtime import outbound, outbound_http
 
 logger = logging.getLogger(__name__)
 #: The webhook's whole answer, connecting included, must arrive within this many seconds.

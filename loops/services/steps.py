@@ -2,7 +2,7 @@
 
 The engine's journal goes through :func:`tool_step_begin` for tool calls and
 :func:`step_record` for finished steps; in the same transaction they apply the run's limits
-(budgets: ``loops.services.budgets``; the tool-loop policy: ``loops.services.toolloop``), so a
+(budgets: ``loops.services.budgets``; the tool-loop policy: ``loops.services.tool_repeats``), so a
 crash never leaves a step without its count or a count without its step.
 """
 
@@ -20,11 +20,11 @@ from django.db.models import Count
 from django.utils import timezone
 
 from loops import db
-from loops.invokers import LeaseLost, StepRecord
 from loops.models import LoopEvent, LoopRun, LoopStep, StepKind, StepStatus
 from loops.policy import ToolLoopPolicy
-from loops.services import budgets, step_sql, toolloop
+from loops.services import budgets, step_sql, tool_repeats
 from loops.services.transitions import Lease, fence_touch_sql, fenced_touch
+from runtime.invocation import LeaseLost, StepRecord
 
 
 def _cost(value: float) -> Decimal:
@@ -41,7 +41,7 @@ def _insert_step(lease: Lease, **values: Any) -> datetime:
 
 
 def _occurrence(lease: Lease, digest: str) -> int:
-    """:func:`toolloop.occurrence` in one plain statement (earlier tool steps of the run with
+    """:func:`tool_repeats.occurrence` in one plain statement (earlier tool steps of the run with
     the same call hash, + 1)."""
     rows = db.fetch_all(*step_sql.occurrences(lease, digest))
     return int(rows[0][0]) + 1
@@ -93,8 +93,8 @@ def step_begin(
 def _hash_of(kind: str, name: str, request: Any) -> str | None:
     if kind != StepKind.TOOL:
         return None
-    return toolloop.call_hash(
-        name, toolloop.arguments_of(request if isinstance(request, dict) else {})
+    return tool_repeats.call_hash(
+        name, tool_repeats.arguments_of(request if isinstance(request, dict) else {})
     )
 
 
@@ -121,12 +121,14 @@ class _NotPlain(Exception):
     an approved call): its transaction is rolled back and the exact path runs instead."""
 
 
-def _plain(limits: budgets.RunLimits, amounts: dict[str, int], verdict: toolloop.Verdict) -> bool:
+def _plain(
+    limits: budgets.RunLimits, amounts: dict[str, int], verdict: tool_repeats.Verdict
+) -> bool:
     """Nothing to judge: no counted limit on these amounts, no metered limit (whose room a
     tool call must check), an ordinary call for the tool-loop policy."""
     bounded = {*limits.per_run, *limits.daily}
     return (
-        verdict is toolloop.Verdict.OK
+        verdict is tool_repeats.Verdict.OK
         and not bounded.intersection(amounts)
         and not budgets.metered(limits)
     )
@@ -302,7 +304,7 @@ def tool_step_begin(
     (:func:`_steps_unchanged`). Anything else is rolled back and written by
     :func:`_tool_step_begin_exact`.
     """
-    digest = toolloop.call_hash(name, toolloop.arguments_of(request))
+    digest = tool_repeats.call_hash(name, tool_repeats.arguments_of(request))
     amounts = budgets.tool_call_amounts(name)
     row = step_sql.step_row(
         role=role,
@@ -352,7 +354,7 @@ def _steps_batch(
             if not fence.rows:
                 raise _NotHeld
             seq, _, limits = budgets.limits_from_fence(lease, fence.rows)
-            verdict = toolloop.judge(int(count.rows[0][0]) + 1, limits.tool_loop)
+            verdict = tool_repeats.judge(int(count.rows[0][0]) + 1, limits.tool_loop)
             if not _plain(limits, amounts, verdict):
                 raise _NotPlain
             _add_steps(batch, lease, row, amounts, model_step)
@@ -404,7 +406,7 @@ def _steps_unchanged(
         or model_step is None
         or model_step.steps_before is None
         or not db.batches_are_sent_together()
-        or not _plain(limits, amounts, toolloop.Verdict.OK)
+        or not _plain(limits, amounts, tool_repeats.Verdict.OK)
     ):
         return None
     policy = limits.tool_loop
@@ -458,7 +460,7 @@ def tool_step_record(
     is plain, the write is tried in one round trip that proves it still is.
     """
     now = timezone.now()
-    digest = toolloop.call_hash(name, toolloop.arguments_of(request))
+    digest = tool_repeats.call_hash(name, tool_repeats.arguments_of(request))
     amounts = budgets.tool_call_amounts(name)
     row = step_sql.step_row(
         role=role,
@@ -499,13 +501,13 @@ def _tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) ->
     seq, limits = _touch(lease, step_increment=1)
     name = row["name"]
     count = _occurrence(lease, digest)
-    verdict = toolloop.judge(count, limits.tool_loop)
+    verdict = tool_repeats.judge(count, limits.tool_loop)
     policy = limits.tool_loop
-    if verdict is toolloop.Verdict.ESCALATE:
-        raise toolloop.escalation(name, count, policy)
-    if verdict is toolloop.Verdict.BLOCK:
+    if verdict is tool_repeats.Verdict.ESCALATE:
+        raise tool_repeats.escalation(name, count, policy)
+    if verdict is tool_repeats.Verdict.BLOCK:
         # Never run, so not a tool call for the budgets; the model gets the refusal.
-        content = toolloop.block_message(name, count, policy)
+        content = tool_repeats.block_message(name, count, policy)
         blocked = {
             **row,
             "status": StepStatus.FAILED.value,
@@ -515,7 +517,7 @@ def _tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) ->
         }
         _insert_step(lease, **blocked)
         step_event(
-            lease, type="toolloop.blocked", data=toolloop.event_data(name, count, policy, seq)
+            lease, type="toolloop.blocked", data=tool_repeats.event_data(name, count, policy, seq)
         )
         return ToolStart(seq, refused=content)
     started_at = _insert_step(lease, **row)
@@ -523,11 +525,11 @@ def _tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) ->
     # is taken as late as possible (a refusal rolls the step back with the rest).
     budgets.budget_take(limits, budgets.tool_call_amounts(name))
     budgets.require_room(limits)
-    if verdict is toolloop.Verdict.WARN:
+    if verdict is tool_repeats.Verdict.WARN:
         step_event(
-            lease, type="toolloop.warning", data=toolloop.event_data(name, count, policy, seq)
+            lease, type="toolloop.warning", data=tool_repeats.event_data(name, count, policy, seq)
         )
-        notice = toolloop.warning_notice(name, count, policy)
+        notice = tool_repeats.warning_notice(name, count, policy)
         return ToolStart(seq, notice=notice, started_at=started_at)
     return ToolStart(seq, started_at=started_at)
 
@@ -763,15 +765,15 @@ def _step_record_exact(lease: Lease, row: dict[str, Any]) -> int:
 def _judge_answered(lease: Lease, name: str, digest: str, seq: int, policy: ToolLoopPolicy) -> None:
     """The tool-loop policy for a call the invoker answered without running it: it counts,
     warns from ``warnAt`` and escalates at ``escalateAt`` (there is nothing to block)."""
-    count = toolloop.occurrence(lease.run_id, digest)
-    verdict = toolloop.judge(count, policy)
-    if verdict is toolloop.Verdict.ESCALATE:
-        raise toolloop.escalation(name, count, policy)
-    if verdict is not toolloop.Verdict.OK:
+    count = tool_repeats.occurrence(lease.run_id, digest)
+    verdict = tool_repeats.judge(count, policy)
+    if verdict is tool_repeats.Verdict.ESCALATE:
+        raise tool_repeats.escalation(name, count, policy)
+    if verdict is not tool_repeats.Verdict.OK:
         step_event(
             lease,
             type="toolloop.warning",
-            data=toolloop.event_data(name, count, policy, seq),
+            data=tool_repeats.event_data(name, count, policy, seq),
         )
 
 

@@ -18,9 +18,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from loops import db, state
-from loops.invokers import LeaseLost
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.state import TransitionRefused
+from runtime.invocation import LeaseLost
 
 #: States that record a ``terminal_reason`` (and usually a ``failure_reason`` text).
 REASONED = frozenset({*state.TERMINAL, RunStatus.WAITING_HUMAN, RunStatus.BLOCKED})

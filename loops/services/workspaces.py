@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 
-from skillhub.sandbox import SandboxConfig, workdir_lent, workdir_reclaim
+from sandbox import SandboxConfig, workdir_lent, workdir_reclaim
 
 
 class WorkspaceError(Exception):

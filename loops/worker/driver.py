@@ -28,10 +28,10 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.utils.module_loading import import_string
 
-from loops.invokers import LeaseLost, RoleInvoker
 from loops.services.claims import Claimed, run_claim, run_heartbeat
 from loops.services.transitions import Lease
-from orchestrator.runtime.model_client import close_http_pool, pool_http_connections
+from runtime.invocation import LeaseLost, RoleInvoker
+from runtime.model_client import close_http_pool, pool_http_connections
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

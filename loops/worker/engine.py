@@ -23,7 +23,17 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from loops import db
-from loops.invokers import (
+from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
+from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
+from loops.services import budgets, claim_sql, tool_repeats
+from loops.services import steps as step_services
+from loops.services.approvals import approval_authorize_execution, approvals_open
+from loops.services.claims import Claimed
+from loops.services.locks import path_locks_acquire
+from loops.services.transitions import Lease, run_transition, run_update_fenced
+from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
+from loops.worker.recovery import reclaim_workspace
+from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LeaseLost,
@@ -35,16 +45,6 @@ from loops.invokers import (
     StepRecord,
     ToolCallRefused,
 )
-from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
-from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
-from loops.services import budgets, claim_sql, toolloop
-from loops.services import steps as step_services
-from loops.services.approvals import approval_authorize_execution, approvals_open
-from loops.services.claims import Claimed
-from loops.services.locks import path_locks_acquire
-from loops.services.transitions import Lease, run_transition, run_update_fenced
-from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
-from loops.worker.recovery import reclaim_workspace
 
 if TYPE_CHECKING:
     from loops.worker.driver import RunDriver
@@ -110,7 +110,7 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
 
 
 class DbJournal:
-    """The engine's :class:`~loops.invokers.StepJournal`: every write fenced by the lease.
+    """The engine's :class:`StepJournal`: every write fenced by the lease.
 
     A model step is numbered here and written with the journal's next write, in the same
     transaction: with the first call it made (``tool_step_begin(model_step=…)``), or on its
@@ -442,7 +442,7 @@ class DbJournal:
 
 def _digest(name: str, request: dict[str, Any]) -> str:
     """The tool-loop policy's hash of a call, as the step services compute it."""
-    return toolloop.call_hash(name, toolloop.arguments_of(request))
+    return tool_repeats.call_hash(name, tool_repeats.arguments_of(request))
 
 
 # --- preparation -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db import models
 
 from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
-from orchestrator.runtime.secrets import api_key_configured
+from runtime.secrets import api_key_configured
 
 
 class FailoverRouteInline(admin.TabularInline[FailoverRoute, ModelEndpoint]):

@@ -17,7 +17,7 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from loops.models import CircuitState
-from orchestrator.runtime.breaker import BreakerSnapshot, BreakerState
+from runtime.breaker import BreakerSnapshot, BreakerState
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
 class DatabaseBreakerStore:
-    """:class:`~orchestrator.runtime.breaker.BreakerStore` over ``CircuitState`` rows.
+    """:class:`~runtime.breaker.BreakerStore` over ``CircuitState`` rows.
 
     ``offload`` runs a blocking ORM call from async code; the default is asgiref's
     ``sync_to_async`` (Django's sync thread). A worker that keeps its own database thread pool

@@ -2,7 +2,7 @@
 
 API keys are never stored: an endpoint names the environment variable that holds its key
 (``api_key_env``) and the runtime reads it at call time. ``params`` columns hold the camelCase
-parameters of spec/001, validated by :class:`orchestrator.runtime.model_client.ModelParams`.
+parameters of spec/001, validated by :class:`runtime.model_client.ModelParams`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from django.db.models import F, Q
 from pydantic import ValidationError as PydanticValidationError
 
 from orchestrator.guard import endpoint_problems
-from orchestrator.runtime.model_client import ModelParams
-from orchestrator.runtime.scripted import load_script
+from runtime.model_client import ModelParams
+from runtime.scripted import load_script
 
 ENV_NAME_VALIDATOR = RegexValidator(
     r"^[A-Za-z_][A-Za-z0-9_]*$", "Use an environment variable name such as OPENAI_API_KEY."

@@ -18,9 +18,9 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
-from orchestrator.runtime import outbound
-from orchestrator.runtime.model_client import ModelParams
-from orchestrator.runtime.secrets import api_key_configured
+from runtime import outbound
+from runtime.model_client import ModelParams
+from runtime.secrets import api_key_configured
 
 TOOL_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
 KEY_FIELDS = ("api_key", "apiKey", "key")

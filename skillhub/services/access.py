@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.accounts.roles import Role, has_role, user_roles
 from orchestrator.errors import DomainError
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 from skillhub.models import Skill, ToolScope
 
 

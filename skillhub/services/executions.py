@@ -32,6 +32,15 @@ from jsonschema import Draft202012Validator
 
 from loops import db
 from orchestrator.errors import InvalidInput
+from sandbox import (
+    OutputMeter,
+    SandboxError,
+    SandboxLimits,
+    SandboxRequest,
+    SandboxResult,
+    run_sandboxed,
+)
+from sandbox.types import MiB
 from skillhub.models import (
     ExecutionEventType,
     ExecutionStatus,
@@ -40,15 +49,6 @@ from skillhub.models import (
     SkillSource,
 )
 from skillhub.render import render, with_defaults
-from skillhub.sandbox import (
-    OutputMeter,
-    SandboxError,
-    SandboxLimits,
-    SandboxRequest,
-    SandboxResult,
-    run_sandboxed,
-)
-from skillhub.sandbox.types import MiB
 from skillhub.services.access import (
     Caller,
     SkillRateLimited,

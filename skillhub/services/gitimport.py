@@ -45,7 +45,7 @@ from django.db import transaction
 
 from orchestrator import guard
 from orchestrator.errors import InvalidInput
-from orchestrator.runtime import outbound
+from runtime import outbound
 from skillhub.models import Skill, SkillSource
 from skillhub.services.skills import skill_create, skill_update
 

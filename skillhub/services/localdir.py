@@ -26,7 +26,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from skillhub.sandbox.types import MiB, SandboxError
+from sandbox.types import MiB, SandboxError
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ LOCAL_DIR_MAX_BYTES = 50 * MiB
 MAX_ENTRIES = 50_000
 #: Host directories that are never a root nor a skill folder, whatever the roots say.
 SYSTEM_DIRS = ("/etc", "/root", "/proc", "/sys", "/dev", "/boot", "/run")
-#: Name prefixes of the sandbox's per-run directories in its work root (skillhub.sandbox).
+#: Name prefixes of the sandbox's per-run directories in its work root (sandbox).
 _RUNDIR_PREFIXES = ("loopwright-sbx-", "loopwright-probe-")
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -103,7 +103,7 @@ def _forbidden() -> list[_Forbidden]:
 
 
 def _sandbox_work_root() -> str:
-    from skillhub.sandbox.config import SandboxConfig
+    from sandbox.config import SandboxConfig
 
     return os.path.realpath(SandboxConfig.from_env().resolved_work_root())
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from skillhub.sandbox import SandboxError, SandboxRequest, run_sandboxed
+from sandbox import SandboxError, SandboxRequest, run_sandboxed
 
 #: Python: an import name (dotted identifiers); a ``-`` in the first part is read as ``_``, so
 #: distribution names such as ``typing-extensions`` work. No versions, paths or shell syntax.

@@ -22,8 +22,8 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from sandbox import SandboxResult
 from skillhub.models import ExecutionEventType, ExecutionStatus, SkillExecution, SkillOutputFile
-from skillhub.sandbox import SandboxResult
 from skillhub.services.events import event_append
 
 logger = logging.getLogger(__name__)

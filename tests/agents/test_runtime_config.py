@@ -14,8 +14,7 @@ from django.test import override_settings
 
 from orchestrator.agents import services
 from orchestrator.agents.breaker_store import DatabaseBreakerStore
-from orchestrator.agents.models import Employee, ModelEndpoint
-from orchestrator.agents.runtime import (
+from orchestrator.agents.clients import (
     amodel_client_for,
     breaker_default,
     employee_endpoint_config,
@@ -23,16 +22,17 @@ from orchestrator.agents.runtime import (
     endpoint_config_from_model,
     model_client_for_employee,
 )
+from orchestrator.agents.models import Employee, ModelEndpoint
 from orchestrator.errors import NotFound
-from orchestrator.runtime.breaker import (
+from runtime.breaker import (
     BreakerState,
     CircuitBreaker,
     RedisBreakerStore,
     Verdict,
 )
-from orchestrator.runtime.model_client import ModelParams, OpenAICompatibleClient
-from orchestrator.runtime.scripted import ScriptedModelClient
-from orchestrator.runtime.types import ChatRequest
+from runtime.model_client import ModelParams, OpenAICompatibleClient
+from runtime.scripted import ScriptedModelClient
+from runtime.types import ChatRequest
 from tests.support.model_server import Completion, Error, ModelServer
 
 pytestmark = pytest.mark.django_db

@@ -48,7 +48,7 @@ pytestmark = [
     pytest.mark.usefixtures("seeded_profiles"),
     pytest.mark.timeout(900),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 WAIT = 240  # generous: the machine is shared and loaded; the assertions stay strict
 TERMINAL = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.WAITING_HUMAN)
 

@@ -42,7 +42,7 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 AGENT = {
-    "LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker",
+    "LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker",
     "LOOPWRIGHT_LEASE_SECONDS": "4",
     "LOOPWRIGHT_HEARTBEAT_SECONDS": "1",
 }

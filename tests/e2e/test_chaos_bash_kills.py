@@ -70,7 +70,7 @@ FEED_SECONDS = 0.5
 VICTIM_WAIT_SECONDS = 15.0
 REJECT_EVERY = 10
 WORKER_ENV = {
-    "LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker",
+    "LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker",
     "LOOPWRIGHT_DRIVER_CAPACITY": "60",
     "LOOPWRIGHT_LEASE_SECONDS": "3",
     "LOOPWRIGHT_HEARTBEAT_SECONDS": "1",

@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("seeded_profiles"),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 
 
 def status_of(run_id: str) -> str:

@@ -29,10 +29,15 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, StepJournal
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.worker import driver as driver_module
 from loops.worker.driver import RunDriver
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    OutcomeKind,
+    StepJournal,
+)
 from tests.e2e.conftest import start_worker
 from tests.support.chaos import (
     attempts_per_key,

@@ -42,7 +42,7 @@ pytestmark = [
     pytest.mark.usefixtures("seeded_profiles"),
     pytest.mark.timeout(900),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 WAIT = 240  # generous: the machine is shared and loaded; the assertions stay strict
 CALL_TOKENS, CALL_COST = 500, Decimal("0.025")
 LEADER, MAKER, VERIFIER = "limits-leader", "limits-maker", "limits-verifier"

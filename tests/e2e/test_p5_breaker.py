@@ -29,9 +29,9 @@ import pytest
 
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.services.runs import run_trigger
-from orchestrator.agents.runtime import breaker_default
+from orchestrator.agents.clients import breaker_default
 from orchestrator.agents.services import employee_create, model_endpoint_create
-from orchestrator.runtime.breaker import BreakerSnapshot, BreakerState
+from runtime.breaker import BreakerSnapshot, BreakerState
 from tests.e2e.conftest import start_beat, start_worker
 from tests.support.approvals import LEADER, MAKER, VERIFIER, approval_pattern, http_reply
 from tests.support.chaos import log_tails
@@ -44,7 +44,7 @@ pytestmark = [
     pytest.mark.usefixtures("seeded_profiles"),
     pytest.mark.timeout(600),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 ENDPOINT = "p5-loopback"
 KEY = f"model-endpoint:{ENDPOINT}"
 OUTAGE_SECONDS = 10.0

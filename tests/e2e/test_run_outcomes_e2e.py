@@ -28,9 +28,9 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from loops.management.commands.seed_demo import ensure_demo_repository
 from loops.models import ActionApproval, CircuitState, LoopEvent, LoopRun, LoopStep, RunStatus
 from loops.services.workspaces import workspace_path
+from orchestrator.management.commands.seed_demo import ensure_demo_repository
 from tests.e2e.conftest import start_beat, start_worker
 from tests.support.approvals import (
     approval_pattern,
@@ -51,7 +51,7 @@ pytestmark = [
     pytest.mark.usefixtures("seeded_profiles"),
     pytest.mark.timeout(600),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 WAIT = 180  # generous: the machine is shared and loaded; the assertions stay strict
 STOPPED = (
     RunStatus.SUCCEEDED,

@@ -44,7 +44,7 @@ pytestmark = [
     pytest.mark.usefixtures("seeded_profiles"),
     pytest.mark.timeout(600),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 VERIFIER = "crash-verifier"
 COMMAND = "echo ran >> effects.log; wc -l < effects.log"
 WAIT = 240

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from harness.compile import Layer, harness_compile, layer_from_settings, layer_parse
 from harness.planner import Decision, plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 
 NAMES = ["a", "b", "c", "d"]
 SEVERITY = {"read": 0, "write": 1, "external": 2}

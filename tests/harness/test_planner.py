@@ -9,7 +9,7 @@ import pytest
 from harness.compile import harness_compile, layer_from_settings, profile_layer
 from harness.planner import Decision, plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, layer_validate
-from orchestrator.runtime.types import Effect, ToolSpec
+from runtime.types import Effect, ToolSpec
 
 
 def spec(name: str, effect: Effect = Effect.READ, enforceable: bool = True) -> ToolSpec:

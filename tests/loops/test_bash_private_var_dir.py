@@ -28,8 +28,8 @@ from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.services.workspaces import workspace_path
 from loops.worker.engine import drive_run
-from orchestrator.runtime.tools import DirectoryLedger, ToolRegistry
-from orchestrator.runtime.tools.bash import BashConfig, bash_tool
+from runtime.tools import DirectoryLedger, ToolRegistry
+from runtime.tools.bash import BashConfig, bash_tool
 from tests.support.approvals import (
     InlineDriver,
     RoleScript,

@@ -11,7 +11,6 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
-from loops.invokers import BudgetExhausted
 from loops.models import LoopEvent, LoopRun, LoopStep, RunStatus, UsageBucket
 from loops.services import budgets
 from loops.services.budgets import (
@@ -29,6 +28,7 @@ from loops.services.steps import step_begin, step_complete, step_record, tool_st
 from loops.services.transitions import Lease, run_transition
 from loops.triggers.guards import trigger_refusal
 from orchestrator.errors import Conflict, InvalidInput
+from runtime.invocation import BudgetExhausted
 from tests.support.factories import make_pattern
 from tests.support.limits import InlineEngine, queued_run, running_run, tool_request
 

@@ -16,11 +16,11 @@ from decimal import Decimal
 
 import pytest
 
-from loops.invokers import BudgetExhausted
 from loops.models import LoopStep, UsageBucket
 from loops.services.budgets import budget_admit_model_call, daily_scope
 from loops.services.steps import step_record, tool_step_begin
 from loops.services.transitions import Lease
+from runtime.invocation import BudgetExhausted
 from tests.support.factories import make_pattern
 from tests.support.limits import running_run, tool_request
 from tests.support.threads import in_threads

@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from loops.invokers import InvocationOutcome, OutcomeKind, Role
 from loops.models import ActionApproval, LoopRun, LoopStep, RunStatus, StepStatus
 from loops.services.approvals import approvals_expire
 from loops.services.runs import run_act
 from loops.services.transitions import REASONED, run_transition
 from loops.worker.engine import _conclude_invocation, _conclude_verdict, load_run_state
+from runtime.invocation import InvocationOutcome, OutcomeKind, Role
 from tests.support.factories import make_pattern, make_run
 from tests.support.limits import running_run, snapshot
 

@@ -21,7 +21,6 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, Role, StepJournal
 from loops.models import LoopArtifact, LoopEvent, LoopRun, RunStatus
 from loops.services.claims import run_claim, runs_reap
 from loops.services.claims_failures import describe_error, run_driver_error
@@ -29,7 +28,14 @@ from loops.services.workspaces import workspace_path
 from loops.worker import driver as driver_module
 from loops.worker.driver import RunDriver
 from loops.worker.recovery import reclaim_workspace
-from skillhub.sandbox import SandboxConfig
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    OutcomeKind,
+    Role,
+    StepJournal,
+)
+from sandbox import SandboxConfig
 from tests.support.factories import make_pattern, make_run
 from tests.support.workers import wait_for
 

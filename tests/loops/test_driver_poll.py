@@ -13,10 +13,16 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, Role, StepJournal
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.worker import driver as driver_module
 from loops.worker.driver import POLL_BATCH, RunDriver
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    OutcomeKind,
+    Role,
+    StepJournal,
+)
 from tests.support.factories import make_pattern, make_run
 from tests.support.workers import wait_for
 

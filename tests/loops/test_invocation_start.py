@@ -16,7 +16,6 @@ from django.db import connection
 from django.utils import timezone
 
 from loops import db
-from loops.invokers import BudgetExhausted, LeaseLost
 from loops.models import LoopEvent, LoopRun, LoopStep, UsageBucket
 from loops.policy import PatternPolicy
 from loops.services import budgets
@@ -24,6 +23,7 @@ from loops.services.claims import run_claim
 from loops.services.steps import call_counts, invocation_begin, step_begin
 from loops.services.transitions import Lease
 from loops.worker.engine import run_state_of
+from runtime.invocation import BudgetExhausted, LeaseLost
 from tests.support.factories import make_pattern, make_run
 
 # Real transactions: on PostgreSQL the start is sent as one batch.

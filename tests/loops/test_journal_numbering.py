@@ -17,13 +17,13 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from loops import db
-from loops.invokers import BudgetExhausted, LeaseLost, Role
 from loops.models import LoopPattern, LoopRun, LoopStep, UsageBucket
 from loops.policy import PatternPolicy
 from loops.services.claims import run_claim
 from loops.services.steps import JournalOutOfStep, step_begin
 from loops.services.transitions import Lease
 from loops.worker.engine import DbJournal, _invocation_begin
+from runtime.invocation import BudgetExhausted, LeaseLost, Role
 from tests.support.factories import make_pattern, make_run
 
 # Real transactions: on PostgreSQL the journal sends each write as one multi-statement batch.

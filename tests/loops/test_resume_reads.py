@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from loops.invokers import Role, StepRecord
 from loops.models import LoopRun, LoopStep
 from loops.services.steps import steps_of_invocation
+from runtime.invocation import Role, StepRecord
 from tests.loops.test_journal_numbering import InlineDriver, leased, run_async
 from tests.support.factories import make_run
 

@@ -21,7 +21,7 @@ from loops.services.workspaces import (
     workspace_path,
     workspace_reclaim,
 )
-from skillhub.sandbox import SandboxConfig
+from sandbox import SandboxConfig
 from tests.support.bash_chaos import foreign_entries, git_refusal, git_repository
 
 

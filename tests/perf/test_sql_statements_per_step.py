@@ -25,15 +25,15 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from loops import db
-from loops.invokers import InvocationRequest, Role
 from loops.policy import PatternPolicy
 from loops.services import budgets
 from loops.services.claims import run_claim
 from loops.worker.engine import DbJournal, _invocation_begin, load_run_state, prepare
-from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
-from orchestrator.runtime.policy import ToolPolicy
-from orchestrator.runtime.tools import ToolRegistry, ToolResult
-from orchestrator.runtime.types import ChatResponse, Effect, ToolCall, ToolSpec, Usage
+from runtime.invocation import InvocationRequest, Role
+from runtime.loop import LoopSettings, ToolLoopInvoker
+from runtime.policy import ToolPolicy
+from runtime.tools import ToolRegistry, ToolResult
+from runtime.types import ChatResponse, Effect, ToolCall, ToolSpec, Usage
 from tests.support.factories import make_pattern, make_run
 
 # Real transactions (the journal commits each write); the seeded harness profiles come back

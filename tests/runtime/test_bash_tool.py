@@ -20,8 +20,8 @@ import pytest
 from harness.compile import harness_compile, layer_from_settings, profile_layer
 from harness.planner import Decision, plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, layer_validate
-from orchestrator.runtime.tools import MemoryLedger, ToolContext, ToolError, ToolResult
-from orchestrator.runtime.tools.bash import (
+from runtime.tools import MemoryLedger, ToolContext, ToolError, ToolResult
+from runtime.tools.bash import (
     BASH_SPEC,
     BashConfig,
     BashTool,
@@ -29,8 +29,8 @@ from orchestrator.runtime.tools.bash import (
     network_access,
     sandbox_unavailable_reason,
 )
-from orchestrator.runtime.types import Effect
-from skillhub.sandbox import SandboxConfig
+from runtime.types import Effect
+from sandbox import SandboxConfig
 
 NO_BWRAP = SandboxConfig(bwrap_path="/nonexistent/bwrap")
 
@@ -299,7 +299,7 @@ def test_bash_is_absent_where_no_sandbox_can_run() -> None:
 
 
 def test_the_agent_invoker_registers_bash_where_the_sandbox_runs(settings: Any) -> None:
-    from orchestrator.agents.invoker import AgentInvoker, tool_spec
+    from loops.worker.invoker import AgentInvoker, tool_spec
 
     assert "bash" in AgentInvoker().tools
     assert tool_spec("bash") == BASH_SPEC

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from orchestrator.runtime import http_lite
-from orchestrator.runtime.model_client import _ssl_context
-from orchestrator.runtime.outbound import OutboundPolicy, OutboundRefused, ResponseTooLarge
+from runtime import http_lite
+from runtime.model_client import _ssl_context
+from runtime.outbound import OutboundPolicy, OutboundRefused, ResponseTooLarge
 
 pytestmark = pytest.mark.anyio
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from loops.invokers import OutcomeKind, Role
-from orchestrator.runtime.loop import LoopSettings, ModelTemporarilyUnavailable, ToolLoopInvoker
-from orchestrator.runtime.policy import ToolPolicy
-from orchestrator.runtime.tools import ToolContext, ToolRegistry, ToolResult
-from orchestrator.runtime.types import ChatResponse, ModelCallFailed, ToolCall
+from runtime.invocation import OutcomeKind, Role
+from runtime.loop import LoopSettings, ModelTemporarilyUnavailable, ToolLoopInvoker
+from runtime.policy import ToolPolicy
+from runtime.tools import ToolContext, ToolRegistry, ToolResult
+from runtime.types import ChatResponse, ModelCallFailed, ToolCall
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,

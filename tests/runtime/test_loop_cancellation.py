@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from loops.invokers import InvocationOutcome, LeaseLost
+from runtime.invocation import InvocationOutcome, LeaseLost
 from tests.support.fake_model import (
     Hang,
     RecordingTool,

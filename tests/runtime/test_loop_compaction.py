@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loops.invokers import OutcomeKind
-from orchestrator.runtime.compaction import compact, estimate_tokens, group_messages
-from orchestrator.runtime.types import ContextOverflow, Message
+from runtime.compaction import compact, estimate_tokens, group_messages
+from runtime.invocation import OutcomeKind
+from runtime.types import ContextOverflow, Message
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,

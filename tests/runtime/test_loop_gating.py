@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loops.invokers import OutcomeKind
-from orchestrator.runtime.types import Effect
+from runtime.invocation import OutcomeKind
+from runtime.types import Effect
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,

@@ -6,14 +6,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loops.invokers import OutcomeKind
-from orchestrator.runtime.repetition import (
+from runtime.invocation import OutcomeKind
+from runtime.repetition import (
     Repetition,
     RepetitionLimits,
     RepetitionState,
     observe,
 )
-from orchestrator.runtime.truncation import safe_cut_index, truncate_output
+from runtime.truncation import safe_cut_index, truncate_output
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from loops.invokers import RecordedCall, ToolCallRefused
-from orchestrator.runtime.types import Effect
+from runtime.invocation import RecordedCall, ToolCallRefused
+from runtime.types import Effect
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from loops.invokers import OutcomeKind
-from orchestrator.runtime.loop import ToolLoopInvoker
-from orchestrator.runtime.policy import ToolPolicy
-from orchestrator.runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
-from orchestrator.runtime.types import Effect
+from runtime.invocation import OutcomeKind
+from runtime.loop import ToolLoopInvoker
+from runtime.policy import ToolPolicy
+from runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
+from runtime.types import Effect
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,
@@ -235,7 +235,7 @@ def test_a_resume_replays_finished_calls_with_their_recorded_arguments(
     first = ScriptedModel(calls(("read", {"p": "a"})), calls(("read", {"p": "a"})))
     crash(make_invoker(first, [read]), journal)
 
-    from orchestrator.runtime import dispatch
+    from runtime import dispatch
 
     validated: list[str] = []
     real = dispatch.validate_arguments
@@ -260,7 +260,7 @@ def test_the_replay_shortcut_reaches_the_conversation_a_full_re_plan_reaches(
     """Earlier steps whose calls all ran are folded without re-planning them; the model must
     then see exactly what a full re-plan of every step gives it (messages, warnings, and the
     repetition guard's verdict on the next call)."""
-    from orchestrator.runtime.loop import _Stepper
+    from runtime.loop import _Stepper
 
     def crashed_journal() -> MemoryJournal:
         journal = MemoryJournal()

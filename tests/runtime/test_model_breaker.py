@@ -17,7 +17,7 @@ import pytest
 import redis
 from django.db import connections
 
-from orchestrator.runtime.breaker import (
+from runtime.breaker import (
     BreakerSnapshot,
     BreakerState,
     BreakerStore,
@@ -25,8 +25,8 @@ from orchestrator.runtime.breaker import (
     RedisBreakerStore,
     Verdict,
 )
-from orchestrator.runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
-from orchestrator.runtime.types import ChatRequest, ModelCallFailed
+from runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
+from runtime.types import ChatRequest, ModelCallFailed
 from tests.support.breakers import FakeClock
 from tests.support.model_server import Completion, Delay, Error, ModelServer, RecordedRequest
 

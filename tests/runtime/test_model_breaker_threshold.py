@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.runtime.breaker import (
+from runtime.breaker import (
     FAILURE_THRESHOLD,
     BreakerState,
     BreakerStore,
 )
-from orchestrator.runtime.breaker import CircuitBreaker as Breaker
-from orchestrator.runtime.model_client import OpenAICompatibleClient
-from orchestrator.runtime.types import ModelCallFailed
+from runtime.breaker import CircuitBreaker as Breaker
+from runtime.model_client import OpenAICompatibleClient
+from runtime.types import ModelCallFailed
 from tests.runtime.test_model_breaker import ASK, FAST, KEY, endpoint, read
 from tests.support.breakers import FakeClock
 from tests.support.model_server import Completion, Delay, Error, ModelServer

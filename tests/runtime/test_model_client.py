@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime import http_lite, model_client
-from orchestrator.runtime.model_client import (
+from runtime import http_lite, model_client
+from runtime.model_client import (
     EndpointConfig,
     ModelParams,
     OpenAICompatibleClient,
     RetryPolicy,
     client_for_endpoint,
 )
-from orchestrator.runtime.scripted import ScriptedModelClient
-from orchestrator.runtime.types import ChatRequest, ContextOverflow, ModelCallFailed
+from runtime.scripted import ScriptedModelClient
+from runtime.types import ChatRequest, ContextOverflow, ModelCallFailed
 from tests.support.model_server import (
     Completion,
     Delay,

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.scripted import (
+from runtime.scripted import (
     SCRIPTED_MODEL,
     Script,
     ScriptedModelClient,
     load_script,
 )
-from orchestrator.runtime.types import ChatRequest, ChatResponse, Message
+from runtime.types import ChatRequest, ChatResponse, Message
 
 pytestmark = pytest.mark.anyio
 

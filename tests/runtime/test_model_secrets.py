@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
-from orchestrator.runtime.secrets import Secret, api_key_from_env, redact
-from orchestrator.runtime.types import ChatRequest, ModelCallFailed
+from runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
+from runtime.secrets import Secret, api_key_from_env, redact
+from runtime.types import ChatRequest, ModelCallFailed
 from tests.support.model_server import Error, ModelServer, RecordedRequest, Stream, Text
 
 pytestmark = pytest.mark.anyio

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
-from orchestrator.runtime.streaming import StreamMode
-from orchestrator.runtime.types import ChatRequest, ContextOverflow, ModelCallFailed
+from runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
+from runtime.streaming import StreamMode
+from runtime.types import ChatRequest, ContextOverflow, ModelCallFailed
 from tests.support.model_server import (
     Completion,
     Error,
@@ -164,7 +164,7 @@ async def test_a_long_preamble_self_heals_to_drain_and_reruns_the_round(
     model_server.queue(preamble, preamble)
     model, live = streaming_client(model_server, window=0.1)
 
-    with caplog.at_level(logging.WARNING, logger="orchestrator.runtime.model_client"):
+    with caplog.at_level(logging.WARNING, logger="runtime.model_client"):
         response = await model.complete(WITH_TOOLS)
 
     assert len(model_server.requests) == 2  # the round was re-run

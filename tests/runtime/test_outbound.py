@@ -1,5 +1,5 @@
-"""The outbound guard's pure parts (``orchestrator/runtime/outbound.py``) and the secret rule
-(``orchestrator/runtime/secrets.py``): address categories, IPv6 forms, host forms, URLs,
+"""The outbound guard's pure parts (``runtime/outbound.py``) and the secret rule
+(``runtime/secrets.py``): address categories, IPv6 forms, host forms, URLs,
 services, resolution with a stub resolver, settings parsing, and the guarded httpx transport
 against real loopback servers (size cap, redirects re-checked per hop, proxies ignored). The
 hostile-URL table through every real client is tests/security/test_p3_ssrf.py."""
@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from orchestrator.runtime import outbound, outbound_http
-from orchestrator.runtime.outbound import (
+from runtime import outbound, outbound_http
+from runtime.outbound import (
     OutboundPolicy,
     OutboundRefused,
     ResponseTooLarge,
@@ -34,7 +34,7 @@ from orchestrator.runtime.outbound import (
     service,
     service_at,
 )
-from orchestrator.runtime.secrets import (
+from runtime.secrets import (
     SecretNotAllowed,
     api_key_configured,
     api_key_from_env,

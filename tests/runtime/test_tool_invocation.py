@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from loops.invokers import InvocationRequest, Role
-from orchestrator.runtime.loop import ToolLoopInvoker, tool_invocation
-from orchestrator.runtime.tools.base import Invocation
-from orchestrator.runtime.types import Effect
+from runtime.invocation import InvocationRequest, Role
+from runtime.loop import ToolLoopInvoker, tool_invocation
+from runtime.tools.base import Invocation
+from runtime.types import Effect
 from tests.support.fake_model import (
     RecordingTool,
     ScriptedModel,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.tools import (
+from runtime.tools import (
     DirectoryLedger,
     FileToolConfig,
     ToolContext,
@@ -19,8 +19,8 @@ from orchestrator.runtime.tools import (
     ToolResult,
     builtin_registry,
 )
-from orchestrator.runtime.tools.workspace import Workspace
-from orchestrator.runtime.types import Effect
+from runtime.tools.workspace import Workspace
+from runtime.types import Effect
 
 
 @pytest.fixture
@@ -347,7 +347,7 @@ def test_an_edit_reissued_with_the_same_key_after_a_crash_applies_once(
 def test_a_ledger_entry_without_the_effect_lets_the_reissue_apply(
     workdir: Path, tmp_path: Path
 ) -> None:
-    from orchestrator.runtime.tools.ledger import LedgerEntry, digest
+    from runtime.tools.ledger import LedgerEntry, digest
 
     ledger = DirectoryLedger(tmp_path / "ledger")
     # The crash came after the ledger write but before the rename: the file is unchanged.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from jsonschema.exceptions import SchemaError
 
-from orchestrator.runtime.tools import ToolRegistry, tool_schema
+from runtime.tools import ToolRegistry, tool_schema
 from tests.support.fake_model import RecordingTool
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.runtime.validation import (
+from runtime.validation import (
     Invalid,
     ParsedJson,
     ValidArguments,

@@ -34,15 +34,15 @@ from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.services.workspaces import workspace_path
 from loops.worker.engine import drive_run
-from orchestrator.agents.invoker import AgentInvoker
+from loops.worker.invoker import AgentInvoker
 from orchestrator.agents.services import employee_create, model_endpoint_create
-from orchestrator.runtime.tools import (
+from runtime.tools import (
     DirectoryLedger,
     FileToolConfig,
     ToolRegistry,
     builtin_file_tools,
 )
-from orchestrator.runtime.tools.bash import BashConfig, bash_tool
+from runtime.tools.bash import BashConfig, bash_tool
 from tests.support.approvals import (
     PLAN,
     VERDICT,

@@ -33,9 +33,9 @@ from loops.models import ActionApproval, CircuitState, LoopEvent, LoopRun, LoopS
 from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.worker.engine import drive_run
-from orchestrator.agents.invoker import AgentInvoker
+from loops.worker.invoker import AgentInvoker
 from orchestrator.agents.services import FailoverSpec, employee_create, model_endpoint_create
-from orchestrator.runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
+from runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
 from tests.support.approvals import (
     PLAN,
     InlineDriver,

@@ -37,20 +37,20 @@ from loops.services.claims import run_claim
 from loops.services.notifications import deliver_approval_notifications
 from loops.services.runs import run_trigger
 from loops.worker.engine import drive_run
+from loops.worker.invoker import AgentInvoker
 from orchestrator import guard
-from orchestrator.agents.invoker import AgentInvoker
 from orchestrator.agents.models import ModelEndpoint
-from orchestrator.runtime import outbound, outbound_http
-from orchestrator.runtime.model_client import (
+from runtime import outbound, outbound_http
+from runtime.model_client import (
     EndpointConfig,
     OpenAICompatibleClient,
     RetryPolicy,
     close_http_pool,
     pool_http_connections,
 )
-from orchestrator.runtime.outbound import OutboundPolicy, OutboundRefused, system_resolver
-from orchestrator.runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
-from orchestrator.runtime.types import ChatRequest, ModelCallFailed
+from runtime.outbound import OutboundPolicy, OutboundRefused, system_resolver
+from runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
+from runtime.types import ChatRequest, ModelCallFailed
 from tests.support.approvals import (
     InlineDriver,
     approval_pattern,

@@ -27,14 +27,14 @@ from loops.models import LoopRun, RunStatus
 from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.worker.engine import drive_run
-from orchestrator.agents.invoker import AgentInvoker
+from loops.worker.invoker import AgentInvoker
+from orchestrator.agents.clients import employee_endpoint_config, employee_get
 from orchestrator.agents.models import ModelEndpoint
-from orchestrator.agents.runtime import employee_endpoint_config, employee_get
 from orchestrator.agents.services import employee_create
-from orchestrator.runtime.model_client import client_for_endpoint
-from orchestrator.runtime.secrets import SERVER_VARIABLES, current_secret_rule, parse_secret_rule
-from orchestrator.runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
-from orchestrator.runtime.types import ChatRequest, ModelCallFailed
+from runtime.model_client import client_for_endpoint
+from runtime.secrets import SERVER_VARIABLES, current_secret_rule, parse_secret_rule
+from runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
+from runtime.types import ChatRequest, ModelCallFailed
 from tests.support.approvals import InlineDriver, approval_pattern, loopback_team
 from tests.support.model_server import Completion, ModelServer
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sandbox import SandboxRequest, run_sandboxed
 from skillhub.render import literal, placeholders, render, with_defaults
-from skillhub.sandbox import SandboxRequest, run_sandboxed
 
 INJECTIONS = [
     '"); import os; os.system("id") #',

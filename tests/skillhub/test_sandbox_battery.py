@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from skillhub.sandbox import (
+from sandbox import (
     Language,
     SandboxConfig,
     SandboxLimits,
@@ -31,7 +31,7 @@ from skillhub.sandbox import (
     SandboxResult,
     run_sandboxed_async,
 )
-from skillhub.sandbox.types import MiB
+from sandbox.types import MiB
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT_CAP = 1 * MiB

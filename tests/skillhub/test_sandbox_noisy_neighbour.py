@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from skillhub.sandbox import SandboxRequest, SandboxResult, run_sandboxed_async
+from sandbox import SandboxRequest, SandboxResult, run_sandboxed_async
 
 ATTACK_SECONDS = 6.0
 REQUESTS_PER_SECOND = 20

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from skillhub.sandbox import SandboxConfig
+from sandbox import SandboxConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import json, os, sys
-from skillhub.sandbox import SandboxConfig, SandboxRequest, probe_backend, run_sandboxed
+from sandbox import SandboxConfig, SandboxRequest, probe_backend, run_sandboxed
 
 marker = sys.argv[1]
 bomb = '''
@@ -68,7 +68,7 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def readable_copy() -> Iterator[Path]:
-    """``skillhub/sandbox`` copied where any user can import it."""
+    """``sandbox`` copied where any user can import it."""
     root = Path(tempfile.mkdtemp(prefix="lw-sandbox-pkg-"))
     shutil.copytree(
         REPO / "skillhub" / "sandbox",

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from skillhub.sandbox import (
+from sandbox import (
     KilledReason,
     Language,
     SandboxConfig,
@@ -33,9 +33,9 @@ from skillhub.sandbox import (
     run_sandboxed_async,
     sandbox_reap_stale,
 )
-from skillhub.sandbox.runner import killed_reason
-from skillhub.sandbox.types import MiB
-from skillhub.sandbox.workdir import OutputCaps, outputs_collect
+from sandbox.runner import killed_reason
+from sandbox.types import MiB
+from sandbox.workdir import OutputCaps, outputs_collect
 
 NO_BWRAP = SandboxConfig(bwrap_path="/nonexistent/bwrap")
 
@@ -288,7 +288,7 @@ def test_sandboxes_die_with_a_runner_that_is_killed() -> None:
 
 RUNNER_SCRIPT = """
 import sys
-from skillhub.sandbox import SandboxRequest, run_sandboxed
+from sandbox import SandboxRequest, run_sandboxed
 run_sandboxed(SandboxRequest(language="python", code=sys.stdin.read(), timeout_seconds=60))
 """
 

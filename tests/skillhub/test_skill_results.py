@@ -14,9 +14,9 @@ from rest_framework.test import APIClient
 
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import user_ensure
+from sandbox import SandboxResult
+from sandbox.types import MiB
 from skillhub.models import ExecutionStatus, Skill, SkillExecution
-from skillhub.sandbox import SandboxResult
-from skillhub.sandbox.types import MiB
 from skillhub.services.access import Caller
 from skillhub.services.executions import (
     execution_claim,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.tools.base import Invocation, ToolContext, ToolError
-from orchestrator.runtime.tools.skills import NO_INVOCATION, SKILL_TOOLS
+from runtime.tools.base import Invocation, ToolContext, ToolError
 from skillhub.models import Skill, SkillExecution
+from skillhub.tools import NO_INVOCATION, SKILL_TOOLS
 
 # The tool reads the skill in a pool thread (its own connection): the rows must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)

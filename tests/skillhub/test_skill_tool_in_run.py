@@ -82,7 +82,7 @@ def team(model: ModelServer, seeded_profiles: None) -> None:
 
 @pytest.fixture
 def loops_worker(tmp_path: Path, team: None) -> Iterator[WorkerProcess]:
-    env = skill_worker_env(LOOPWRIGHT_INVOKER="orchestrator.agents.invoker.AgentInvoker")
+    env = skill_worker_env(LOOPWRIGHT_INVOKER="loops.worker.invoker.AgentInvoker")
     worker = WorkerProcess("agent", tmp_path, env).start()
     worker.wait_ready(timeout=90)
     yield worker

@@ -8,17 +8,17 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.agents.invoker import AgentInvoker, tool_spec
-from orchestrator.runtime.tools import ToolRegistry
-from orchestrator.runtime.tools.registry import tool_providers
-from orchestrator.runtime.tools.skills import (
+from loops.worker.invoker import AgentInvoker, tool_spec
+from runtime.tools import ToolRegistry
+from runtime.tools.registry import tool_providers
+from runtime.types import Effect
+from skillhub.models import Skill, SkillLoopConfig
+from skillhub.tools import (
     EXECUTE,
     SKILL_TOOLS,
     SkillToolProvider,
     skill_review_gates,
 )
-from orchestrator.runtime.types import Effect
-from skillhub.models import Skill, SkillLoopConfig
 from tests.skillhub.conftest import NUMBERS
 
 pytestmark = pytest.mark.django_db

@@ -34,7 +34,6 @@ from unittest import mock
 import httpx2
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, Role, StepJournal
 from loops.models import (
     ActionApproval,
     ApprovalStatus,
@@ -49,9 +48,16 @@ from loops.services.patterns import pattern_create
 from loops.services.runs import run_trigger
 from loops.services.steps import step_begin, step_record
 from loops.worker.engine import _conclude_invocation, drive_run, load_run_state
-from orchestrator.agents.invoker import role_tool_policy
-from orchestrator.runtime.loop import ToolLoopInvoker
-from orchestrator.runtime.tools import (
+from loops.worker.invoker import role_tool_policy
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    OutcomeKind,
+    Role,
+    StepJournal,
+)
+from runtime.loop import ToolLoopInvoker
+from runtime.tools import (
     DirectoryLedger,
     FileToolConfig,
     ToolContext,
@@ -59,7 +65,7 @@ from orchestrator.runtime.tools import (
     ToolResult,
     builtin_file_tools,
 )
-from orchestrator.runtime.types import ChatRequest, ChatResponse, ToolCall, ToolSpec, Usage
+from runtime.types import ChatRequest, ChatResponse, ToolCall, ToolSpec, Usage
 from tests.support.claims import start_claimed
 from tests.support.model_server import Completion, RecordedRequest
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from loops.services.workspaces import workspace_path
 from orchestrator.agents.services import employee_create, model_endpoint_create
-from skillhub.sandbox import SandboxConfig
+from sandbox import SandboxConfig
 from tests.support.approvals import (
     LEADER,
     MAKER,

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connections
 
 from orchestrator.agents.breaker_store import DatabaseBreakerStore
-from orchestrator.runtime.breaker import BreakerStore, RedisBreakerStore
+from runtime.breaker import BreakerStore, RedisBreakerStore
 
 
 class FakeClock:

@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from loops.invokers import InvocationOutcome, InvocationRequest, Role
-from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
-from orchestrator.runtime.policy import ToolPolicy
-from orchestrator.runtime.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
-from orchestrator.runtime.types import ChatRequest, ChatResponse, Effect, ToolCall, ToolSpec, Usage
+from runtime.invocation import InvocationOutcome, InvocationRequest, Role
+from runtime.loop import LoopSettings, ToolLoopInvoker
+from runtime.policy import ToolPolicy
+from runtime.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
+from runtime.types import ChatRequest, ChatResponse, Effect, ToolCall, ToolSpec, Usage
 from tests.support.journal import MemoryJournal
 
 Reply = ChatResponse | BaseException | Callable[[ChatRequest], Any]

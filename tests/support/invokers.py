@@ -14,7 +14,13 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from loops.invokers import InvocationOutcome, InvocationRequest, OutcomeKind, Role, StepJournal
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    OutcomeKind,
+    Role,
+    StepJournal,
+)
 
 TABLES = ("lw_test_side_effects", "lw_test_side_effect_attempts")
 

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~loops.invokers.StepJournal` for unit tests of invokers.
+"""An in-memory :class:`~runtime.invocation.StepJournal` for unit tests of invokers.
 
 It behaves like the engine's journal where invokers can tell (seqs, statuses, gate → approved
 or completed, idempotency keys) and adds what tests need: human decisions on gated steps,
@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from loops.invokers import LeaseLost, RecordedCall, StepRecord
+from runtime.invocation import LeaseLost, RecordedCall, StepRecord
 
 
 class SimulatedCrash(BaseException):

@@ -20,16 +20,16 @@ from unittest import mock
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from loops.invokers import InvocationOutcome, InvocationRequest, StepJournal
 from loops.models import LoopPattern, LoopRun
 from loops.policy import PatternPolicy
 from loops.services.claims import run_claim
 from loops.services.transitions import Lease
 from loops.worker.engine import drive_run
-from orchestrator.runtime.loop import LoopSettings, ToolLoopInvoker
-from orchestrator.runtime.policy import ToolPolicy
-from orchestrator.runtime.tools import ToolRegistry
-from orchestrator.runtime.types import ChatRequest, ChatResponse, ToolCall, Usage
+from runtime.invocation import InvocationOutcome, InvocationRequest, StepJournal
+from runtime.loop import LoopSettings, ToolLoopInvoker
+from runtime.policy import ToolPolicy
+from runtime.tools import ToolRegistry
+from runtime.types import ChatRequest, ChatResponse, ToolCall, Usage
 from tests.support.claims import start_claimed
 from tests.support.factories import make_pattern, make_run
 from tests.support.fake_model import RecordingTool

@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("seeded_profiles"),
 ]
-AGENT = {"LOOPWRIGHT_INVOKER": "orchestrator.agents.invoker.AgentInvoker"}
+AGENT = {"LOOPWRIGHT_INVOKER": "loops.worker.invoker.AgentInvoker"}
 
 
 def test_trigger_watch_approve_with_edits_and_see_the_diff(

@@ -1,0 +1,218 @@
+"""Reading an invocation's persisted steps back into a conversation (pure).
+
+The journal is the only memory an invocation has across a crash, a lost lease or a park for
+approval, so everything the loop needs is derivable from it:
+
+* a ``model`` step holds the assistant message (content, ``tool_calls``) and, in its request,
+  the step's phase, context budget and, for the first step, the prompt (system + goal) as sent;
+* a ``tool`` step holds one call's result; its request names the model step and call index it
+  answers (``model_seq``, ``index``), and its idempotency key is the journal's key for them;
+* a ``notice`` step holds a message the loop added to the conversation (a request to correct a
+  malformed structured answer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.dispatch import Phase
+from runtime.invocation import StepRecord
+from runtime.types import ChatResponse, Message, ToolCall
+from runtime.validation import ValidArguments
+
+STARTED = "started"
+GATED = "gated"
+APPROVED = "approved"
+FINISHED = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    seq: int
+    phase: Phase
+    message: Message
+    calls: list[ToolCall]
+    request: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        content = self.message.get("content")
+        return content if isinstance(content, str) else ""
+
+
+@dataclass(frozen=True)
+class NoticeEntry:
+    seq: int
+    name: str
+    message: Message
+
+
+Entry = ModelEntry | NoticeEntry
+
+
+@dataclass
+class Log:
+    entries: list[Entry] = field(default_factory=list)
+    #: (model step seq, call index) → the latest tool step answering that call.
+    results: dict[tuple[int, int], StepRecord] = field(default_factory=dict)
+    files_written: set[str] = field(default_factory=set)
+
+    @property
+    def model_entries(self) -> list[ModelEntry]:
+        return [entry for entry in self.entries if isinstance(entry, ModelEntry)]
+
+    @property
+    def prompt(self) -> list[Message] | None:
+        """The system prompt and goal exactly as the first model step sent them."""
+        first = next(iter(self.model_entries), None)
+        prompt = first.request.get("prompt") if first else None
+        return list(prompt) if isinstance(prompt, list) else None
+
+    @property
+    def budget_tokens(self) -> int | None:
+        """The smallest context budget a step used (a forced compaction lowers it for good)."""
+        budgets = [e.request.get("budget_tokens") for e in self.model_entries]
+        return min((b for b in budgets if isinstance(b, int)), default=None)
+
+    def result(self, model_seq: int, index: int) -> StepRecord | None:
+        return self.results.get((model_seq, index))
+
+    def validated(self, entry: ModelEntry) -> dict[int, ValidArguments]:
+        """The arguments of ``entry``'s calls as they were validated when the step was first
+        planned, for the calls whose persisted result records them: a call that ran (and was
+        not approved, as an approval may edit the arguments), whose request carries them."""
+        known: dict[int, ValidArguments] = {}
+        for index in range(len(entry.calls)):
+            record = self.results.get((entry.seq, index))
+            if record is None or record.status not in FINISHED:
+                continue
+            request = record.request
+            arguments = request.get("arguments")
+            if (
+                request.get("disposition") == "run"
+                and "approval_id" not in request
+                and isinstance(arguments, dict)
+            ):
+                repairs = request.get("repairs")
+                known[index] = ValidArguments(
+                    arguments, tuple(repairs) if isinstance(repairs, list) else ()
+                )
+        return known
+
+
+# --- messages in wire shape ----------------------------------------------------------------
+
+
+def assistant_message(response: ChatResponse, step_number: int, phase: Phase) -> Message:
+    """The assistant message to persist and replay. Tool-call ids are made unique (some
+    providers send none or repeat them) because results are linked to calls by id; calls made
+    in the final, tool-less step are left out, as nothing will answer them."""
+    message: Message = {"role": "assistant", "content": response.content}
+    if response.tool_calls and phase.offers_tools:
+        seen: set[str] = set()
+        calls = []
+        for index, call in enumerate(response.tool_calls):
+            call_id = call.id if call.id and call.id not in seen else f"call_{step_number}_{index}"
+            seen.add(call_id)
+            calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            )
+        message["tool_calls"] = calls
+        message["content"] = response.content or None
+    return message
+
+
+def calls_of(message: Message) -> list[ToolCall]:
+    return [
+        ToolCall(
+            id=str(call.get("id", "")),
+            name=str(call.get("function", {}).get("name", "")),
+            arguments=str(call.get("function", {}).get("arguments", "")),
+        )
+        for call in message.get("tool_calls") or []
+    ]
+
+
+def tool_message(call: ToolCall, content: str) -> Message:
+    return {"role": "tool", "tool_call_id": call.id, "content": content}
+
+
+def result_text(record: StepRecord) -> str:
+    """What the model sees for a finished tool step, whoever finished it.
+
+    The loop writes ``{"content": ...}``. A human decision (rejection, approval timeout) may
+    be a plain string or an object with ``content``, ``reason`` or ``message``; anything else
+    is shown as JSON.
+    """
+    response = record.response
+    if isinstance(response, str):
+        return response
+    if isinstance(response, dict):
+        for key in ("content", "reason", "message"):
+            if isinstance(response.get(key), str):
+                return str(response[key])
+    if response is None:
+        return f"Error: {record.error}" if record.error else "[no result was recorded]"
+    return json.dumps(response, ensure_ascii=False, default=str)
+
+
+# --- reading the journal ---------------------------------------------------------------------
+
+
+def _model_entry(record: StepRecord) -> ModelEntry | None:
+    response = record.response if isinstance(record.response, dict) else {}
+    message = response.get("message")
+    if record.status not in FINISHED or record.error or not isinstance(message, dict):
+        return None  # a model call that failed produced no message to replay
+    try:
+        phase = Phase(record.request.get("phase", Phase.NORMAL))
+    except ValueError:
+        phase = Phase.NORMAL
+    return ModelEntry(record.seq, phase, dict(message), calls_of(message), dict(record.request))
+
+
+def _notice_entry(record: StepRecord) -> NoticeEntry | None:
+    message = record.response
+    if isinstance(message, dict) and message.get("role") and "content" in message:
+        return NoticeEntry(record.seq, record.name, dict(message))
+    return None
+
+
+def _slot_of(record: StepRecord, keys: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
+    model_seq, index = record.request.get("model_seq"), record.request.get("index")
+    if isinstance(model_seq, int) and isinstance(index, int):
+        return model_seq, index
+    # An approval may rewrite the request; the idempotency key still names the call.
+    return keys.get(record.idempotency_key)
+
+
+def read_log(steps: list[StepRecord], key_for: Callable[[int, int], str]) -> Log:
+    """Rebuild the log of one invocation from its persisted steps (in seq order)."""
+    log = Log()
+    keys: dict[str, tuple[int, int]] = {}
+    for record in sorted(steps, key=lambda r: r.seq):
+        if record.kind == "model":
+            entry = _model_entry(record)
+            if entry:
+                log.entries.append(entry)
+                keys.update(
+                    {key_for(entry.seq, i): (entry.seq, i) for i in range(len(entry.calls))}
+                )
+        elif record.kind == "notice":
+            notice = _notice_entry(record)
+            if notice:
+                log.entries.append(notice)
+        elif record.kind == "tool":
+            slot = _slot_of(record, keys)
+            if slot:
+                log.results[slot] = record
+            if record.status in FINISHED and isinstance(record.response, dict):
+                log.files_written.update(record.response.get("files_written") or ())
+    return log

@@ -1,0 +1,581 @@
+"""The durable model-tool loop: one role invocation as a small state machine over the journal.
+
+``ToolLoopInvoker.invoke`` reads the invocation's persisted steps, replays them into the
+conversation (re-planning each step's calls, or, for an earlier step whose every call ran,
+folding its recorded results; either restores the step count and the repetition counters),
+settles whatever the last step left unfinished, and then alternates model steps and
+tool calls until the model answers, a limit ends the loop, or a call waits for approval.
+
+Each model step is recorded before its tool calls start, and every tool result before the next
+model step starts, so a crash at any point loses at most the work in flight: the next attempt
+continues from the journal, never re-runs a finished call, and re-issues a started one with the
+same idempotency key. See ``docs/tool-loop.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from runtime import prompts
+from runtime.compaction import (
+    FORCED_KEEP_RECENT_GROUPS,
+    KEEP_RECENT_GROUPS,
+    Compaction,
+    compact,
+    estimate_tokens,
+    message_tokens,
+)
+from runtime.dispatch import Phase, Toolset, plan_step, replay_settled
+from runtime.execution import ExecutionLimits, StepExecutor
+from runtime.history import (
+    Log,
+    ModelEntry,
+    NoticeEntry,
+    assistant_message,
+    calls_of,
+    read_log,
+    result_text,
+    tool_message,
+)
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    OutcomeKind,
+    RetryLater,
+    StepJournal,
+)
+from runtime.policy import ToolPolicy
+from runtime.repetition import RepetitionLimits, RepetitionState
+from runtime.tools.base import Invocation
+from runtime.tools.registry import ToolRegistry, tool_schema
+from runtime.types import (
+    ChatRequest,
+    ChatResponse,
+    ContextOverflow,
+    Message,
+    ModelCallFailed,
+    ModelClient,
+    ResponseFormat,
+)
+from runtime.validation import (
+    Invalid,
+    ValidArguments,
+    parse_json_lenient,
+    validator_for,
+)
+
+T = TypeVar("T")
+
+ModelClientFactory = Callable[[str], ModelClient | Awaitable[ModelClient]]
+"""Employee username → the model client of that employee's endpoint."""
+PolicyProvider = Callable[[InvocationRequest], ToolPolicy | Awaitable[ToolPolicy]]
+"""Invocation → the tool policy of its compiled harness (the harness planner's output)."""
+PromptProvider = Callable[[InvocationRequest], str | Awaitable[str]]
+"""Invocation → system prompt (the employee's prompt, memory context, ...)."""
+BoundTools = Collection[str] | Callable[[InvocationRequest], Collection[str]]
+"""The tools the invocation's employee binds (or, per invocation, a function giving them)."""
+
+CORRECTION_NOTICE = "output_correction"
+
+
+class ModelTemporarilyUnavailable(RetryLater):
+    """Every model endpoint failed in a way worth retrying later (rate limits, outages).
+
+    Raised out of ``invoke`` so the engine can re-queue the run with a delay; nothing of the
+    failed step was persisted, so the retry re-issues that step.
+    """
+
+
+#: How long a run parks when every endpoint is down: the providers' own hint (an open
+#: circuit's next probe, a Retry-After) within these bounds, else the default.
+PARK_DELAY_DEFAULT_SECONDS = 30.0
+PARK_DELAY_BOUNDS = (1.0, 600.0)
+
+
+def _park_delay(exc: ModelCallFailed) -> float:
+    if exc.retry_after is None:
+        return PARK_DELAY_DEFAULT_SECONDS
+    low, high = PARK_DELAY_BOUNDS
+    return min(max(exc.retry_after, low), high)
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Limits of one invocation; defaults from spec/000 and DESIGN.md §4."""
+
+    max_steps: int = 12
+    tool_concurrency: int = 4
+    tool_timeout_seconds: float = 60.0
+    max_tool_output_chars: int = 50_000
+    #: The model's context window, and the part of it kept free for the answer.
+    context_window_tokens: int = 128_000
+    response_reserve_tokens: int = 8_192
+    repetition: RepetitionLimits = field(default_factory=RepetitionLimits)
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1 or self.tool_concurrency < 1 or self.max_tool_output_chars < 1:
+            raise ValueError("max_steps, tool_concurrency and max_tool_output_chars must be >= 1")
+        if self.tool_timeout_seconds <= 0 or self.context_budget_tokens < 1:
+            raise ValueError("tool timeout and context budget must be positive")
+
+    @property
+    def context_budget_tokens(self) -> int:
+        return self.context_window_tokens - self.response_reserve_tokens
+
+    def execution_limits(self) -> ExecutionLimits:
+        return ExecutionLimits(
+            concurrency=self.tool_concurrency,
+            timeout_seconds=self.tool_timeout_seconds,
+            max_output_chars=self.max_tool_output_chars,
+        )
+
+
+async def _resolve(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What the role's final answer must be: free text, or a JSON object (with a schema)."""
+
+    response_format: ResponseFormat = "text"
+    schema: dict[str, Any] | None = None
+
+    @property
+    def structured(self) -> bool:
+        return self.response_format != "text"
+
+    @classmethod
+    def of(cls, request: InvocationRequest) -> OutputFormat:
+        wanted = request.context.get("response_format")
+        schema = request.context.get("response_schema")
+        schema = schema if isinstance(schema, dict) else None
+        if wanted == "json_schema" and schema is not None:
+            return cls("json_schema", schema)
+        if wanted in ("json", "json_object", "json_schema"):
+            return cls("json_object", schema)
+        return cls()
+
+    def parse(self, text: str) -> dict[str, Any] | Invalid:
+        """The final answer as the role's output, or why it is not usable."""
+        if not self.structured:
+            return {"text": text}
+        parsed = parse_json_lenient(text)
+        if isinstance(parsed, Invalid) or not text.strip():
+            return Invalid("it is not valid JSON.")
+        if not isinstance(parsed.value, dict):
+            return Invalid("it must be a JSON object.")
+        if self.schema is not None:
+            errors = [e.message for e in validator_for(self.schema).iter_errors(parsed.value)]
+            if errors:
+                return Invalid(f"it does not match the required schema ({'; '.join(errors[:5])}).")
+        return parsed.value
+
+
+@dataclass
+class Conversation:
+    """The invocation's state, rebuilt from the journal and advanced step by step."""
+
+    prompt: list[Message]
+    budget_tokens: int
+    history: list[Message] = field(default_factory=list)
+    model_steps: int = 0
+    repetition: RepetitionState = field(default_factory=RepetitionState)
+    #: The next model step is the final, tool-less one.
+    finalize: bool = False
+    corrections: int = 0
+    #: A correction of the last answer was asked for and is still to come.
+    correcting: bool = False
+    #: Running token estimate of the prompt and the first ``counted`` history messages, so a
+    #: step adds its new messages instead of re-estimating the whole conversation.
+    counted: int = 0
+    counted_tokens: int = -1
+
+    def tokens(self) -> int:
+        """Compaction's estimate of prompt + history (messages are appended, never changed)."""
+        if self.counted_tokens < 0:
+            self.counted_tokens = sum(message_tokens(m) for m in self.prompt)
+        for message in self.history[self.counted :]:
+            self.counted_tokens += message_tokens(message)
+        self.counted = len(self.history)
+        return self.counted_tokens
+
+    def next_phase(self, max_steps: int) -> Phase:
+        if self.correcting:
+            return Phase.CORRECTION
+        if self.finalize or self.model_steps >= max_steps:
+            return Phase.FINAL
+        if self.model_steps == max_steps - 1:
+            return Phase.LAST
+        return Phase.NORMAL
+
+
+class ToolLoopInvoker:
+    """The agent runtime's :class:`~.invocation.RoleInvoker`: the model-tool loop.
+
+    Everything it depends on is passed in, so the engine can wire it to Django models (employees,
+    endpoints, harness plans) without this module importing them.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_clients: ModelClientFactory,
+        tools: ToolRegistry,
+        policy: PolicyProvider,
+        settings: LoopSettings | Callable[[InvocationRequest], LoopSettings] = LoopSettings(),
+        system_prompt: PromptProvider = prompts.default_system_prompt,
+        bound_tools: BoundTools = (),
+    ) -> None:
+        self.model_clients = model_clients
+        self.tools = tools
+        self.policy = policy
+        self.settings = settings
+        self.system_prompt = system_prompt
+        self.bound_tools = bound_tools
+
+    def invocation_of(self, request: InvocationRequest) -> Invocation:
+        """Who the calls of ``request`` are made by, as every call's ``ToolContext`` carries it."""
+        bound = self.bound_tools(request) if callable(self.bound_tools) else self.bound_tools
+        return tool_invocation(request, bound)
+
+    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+        """Carry out (or continue) one invocation. LeaseLost and cancellation propagate."""
+        settings = (
+            self.settings if isinstance(self.settings, LoopSettings) else self.settings(request)
+        )
+        toolset = Toolset(self.tools, await _resolve(self.policy(request)))
+        run = _Invocation(self, request, journal, toolset, settings)
+        try:
+            return await run.drive()
+        except ModelCallFailed as exc:
+            if exc.retryable:
+                raise ModelTemporarilyUnavailable(str(exc), _park_delay(exc)) from exc
+            return InvocationOutcome(
+                kind=OutcomeKind.FAILED, code="model_unavailable", reason=str(exc)
+            )
+
+
+def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = ()) -> Invocation:
+    """The :class:`Invocation` a tool call of ``request`` carries: the run, role, employee, the
+    role's harness settings and the pattern's autoAllowlist, all from the request itself."""
+    return Invocation(
+        run_id=request.run_id,
+        role=str(request.role),
+        name=request.invocation,
+        employee=request.employee_username,
+        harness=(request.harness or {}).get("settings"),
+        bound_tools=frozenset(bound_tools),
+        auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
+    )
+
+
+class _Invocation:
+    """One ``invoke`` call: the loop proper."""
+
+    def __init__(
+        self,
+        owner: ToolLoopInvoker,
+        request: InvocationRequest,
+        journal: StepJournal,
+        toolset: Toolset,
+        settings: LoopSettings,
+    ) -> None:
+        self.owner = owner
+        self.request = request
+        self.journal = journal
+        self.toolset = toolset
+        self.settings = settings
+        self.output = OutputFormat.of(request)
+        self.client: ModelClient | None = None
+
+    async def drive(self) -> InvocationOutcome:
+        log = read_log(await self.journal.steps(), self.journal.idempotency_key)
+        budget = self.settings.context_budget_tokens
+        conversation = Conversation(
+            prompt=log.prompt or await self._fresh_prompt(),
+            budget_tokens=min(log.budget_tokens or budget, budget),
+        )
+        executor = StepExecutor(
+            journal=self.journal,
+            toolset=self.toolset,
+            limits=self.settings.execution_limits(),
+            workdir=self.request.workdir,
+            files_written=log.files_written,
+            invocation=self.owner.invocation_of(self.request),
+        )
+        step = _Stepper(self, conversation, executor, log)
+        # Replay: settled steps only rebuild the conversation; the last one may still have
+        # calls without results, which are carried out now (and only those).
+        for position, entry in enumerate(log.entries):
+            outcome = await step.apply(entry, is_last=position == len(log.entries) - 1)
+            if outcome is not None:
+                return outcome
+        while True:
+            entry_or_outcome = await self._model_step(conversation)
+            if isinstance(entry_or_outcome, InvocationOutcome):
+                return entry_or_outcome
+            outcome = await step.apply(entry_or_outcome, is_last=True)
+            if outcome is not None:
+                return outcome
+
+    async def _fresh_prompt(self) -> list[Message]:
+        system = await _resolve(self.owner.system_prompt(self.request))
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": prompts.goal_message(self.request)},
+        ]
+
+    # --- model steps -------------------------------------------------------------------------
+
+    async def _model_step(self, conversation: Conversation) -> ModelEntry | InvocationOutcome:
+        phase = conversation.next_phase(self.settings.max_steps)
+        offered = list(self.toolset.offered.values())
+        tools = [tool_schema(spec) for spec in offered] if phase.offers_tools else []
+        instruction: Message | None = None
+        if phase.asks_to_finish:
+            text = prompts.finishing_instruction(structured=self.output.structured)
+            instruction = {"role": "user", "content": text}
+        client = await self._client()
+        compaction = await self._compact(conversation, tools, instruction, forced=False)
+        # The run's budgets decide whether this call may start at all (RunHalted propagates).
+        await self.journal.admit_model_call()
+        started = time.monotonic()
+        try:
+            response = await client.complete(self._chat_request(compaction, tools, instruction))
+        except ContextOverflow:
+            # Once per step: shrink harder (and for the rest of the invocation), then re-issue.
+            conversation.budget_tokens = max(
+                min(conversation.budget_tokens, compaction.tokens_after) // 2, 1
+            )
+            compaction = await self._compact(conversation, tools, instruction, forced=True)
+            try:
+                response = await client.complete(self._chat_request(compaction, tools, instruction))
+            except ContextOverflow:
+                return self._overflow_failure(compaction)
+        return await self._record_model_step(
+            conversation,
+            phase,
+            response,
+            compaction,
+            [s.name for s in offered if tools],
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+
+    async def _client(self) -> ModelClient:
+        if self.client is None:
+            factory = self.owner.model_clients(self.request.employee_username)
+            self.client = await _resolve(factory)
+        return self.client
+
+    async def _compact(
+        self,
+        conversation: Conversation,
+        tools: list[dict[str, Any]],
+        instruction: Message | None,
+        *,
+        forced: bool,
+    ) -> Compaction:
+        extra = estimate_tokens([], tools) + (message_tokens(instruction) if instruction else 0)
+        total = conversation.tokens() + extra
+        if not forced and total <= conversation.budget_tokens:
+            # What compact() returns when everything fits, without rescanning the history.
+            messages = [*conversation.prompt, *conversation.history]
+            return Compaction(messages=messages, tokens_before=total, tokens_after=total)
+        result = compact(
+            [*conversation.prompt, *conversation.history],
+            conversation.budget_tokens,
+            head=len(conversation.prompt),
+            extra_tokens=extra,
+            keep_recent=FORCED_KEEP_RECENT_GROUPS if forced else KEEP_RECENT_GROUPS,
+        )
+        if result.changed or forced:
+            await self.journal.event(
+                "context.compacted",
+                {
+                    **result.summary(),
+                    "forced": forced,
+                    "budget_tokens": conversation.budget_tokens,
+                    "model_step": conversation.model_steps + 1,
+                },
+            )
+        return result
+
+    def _chat_request(
+        self, compaction: Compaction, tools: list[dict[str, Any]], instruction: Message | None
+    ) -> ChatRequest:
+        messages = [*compaction.messages, *([instruction] if instruction else [])]
+        return ChatRequest(
+            messages=messages,
+            tools=tools,
+            response_format=self.output.response_format,
+            json_schema=self.output.schema,
+        )
+
+    def _overflow_failure(self, compaction: Compaction) -> InvocationOutcome:
+        return InvocationOutcome(
+            kind=OutcomeKind.FAILED,
+            code="context_overflow",
+            reason=(
+                "The conversation does not fit the model's context window even after a forced "
+                f"compaction (about {compaction.tokens_after:,} tokens were sent)."
+            ),
+        )
+
+    async def _record_model_step(
+        self,
+        conversation: Conversation,
+        phase: Phase,
+        response: ChatResponse,
+        compaction: Compaction,
+        offered: list[str],
+        *,
+        duration_ms: int,
+    ) -> ModelEntry:
+        number = conversation.model_steps + 1
+        message = assistant_message(response, number, phase)
+        request: dict[str, Any] = {
+            "step": number,
+            "phase": str(phase),
+            "budget_tokens": conversation.budget_tokens,
+            "tools": offered,
+            "estimated_tokens": compaction.tokens_after,
+        }
+        if number == 1:
+            # The prompt as sent, so a resume (even after the employee's prompt changed)
+            # continues the same conversation.
+            request["prompt"] = conversation.prompt
+        if compaction.changed:
+            request["compaction"] = compaction.summary()
+        response_record = {
+            "message": message,
+            "reasoning_content": response.reasoning_content,
+            "finish_reason": response.finish_reason,
+            "model": response.model,
+            "endpoint": response.endpoint,
+        }
+        if not phase.offers_tools and response.tool_calls:
+            response_record["ignored_tool_calls"] = [c.name for c in response.tool_calls]
+        seq = await self.journal.record(
+            kind="model",
+            name=response.model or "model",
+            request=request,
+            response=response_record,
+            tokens_in=response.usage.prompt_tokens,
+            tokens_out=response.usage.completion_tokens,
+            cost=response.cost,
+            duration_ms=duration_ms,
+        )
+        return ModelEntry(seq, phase, message, calls_of(message), request)
+
+
+class _Stepper:
+    """Folds persisted or fresh steps into the conversation, acting where results are due."""
+
+    def __init__(
+        self, run: _Invocation, conversation: Conversation, executor: StepExecutor, log: Log
+    ) -> None:
+        self.run = run
+        self.conversation = conversation
+        self.executor = executor
+        self.log = log
+
+    async def apply(
+        self, entry: ModelEntry | NoticeEntry, *, is_last: bool
+    ) -> InvocationOutcome | None:
+        """Fold one step into the conversation; an outcome ends the invocation."""
+        conversation = self.conversation
+        if isinstance(entry, NoticeEntry):
+            conversation.history.append(entry.message)
+            if entry.name == CORRECTION_NOTICE:
+                conversation.corrections += 1
+                conversation.correcting = True
+            return None
+        conversation.model_steps += 1
+        conversation.correcting = False
+        conversation.history.append(entry.message)
+        if not entry.calls:
+            # A final answer; one that was followed by a correction request is history.
+            return await self._conclude(entry) if is_last else None
+        validated = self.log.validated(entry)
+        if not is_last and self._replay_settled(entry, validated):
+            return None
+        plan = plan_step(
+            entry.calls,
+            step=entry.seq,
+            phase=entry.phase,
+            toolset=self.run.toolset,
+            state=conversation.repetition,
+            limits=self.run.settings.repetition,
+            validated=validated,
+        )
+        conversation.repetition = plan.state
+        conversation.finalize = conversation.finalize or plan.finalize or entry.phase is Phase.LAST
+        settlement = await self.executor.settle(entry, plan, self.log)
+        if settlement.gated:
+            return InvocationOutcome(
+                kind=OutcomeKind.NEEDS_APPROVAL, output={"gated": settlement.gated}
+            )
+        for index, call in enumerate(entry.calls):
+            conversation.history.append(tool_message(call, settlement.results[index]))
+        return None
+
+    def _replay_settled(self, entry: ModelEntry, validated: dict[int, ValidArguments]) -> bool:
+        """Fold an earlier step whose every call ran and has its result (a resume's history)
+        without planning it again; False when it is not such a step."""
+        if entry.phase is not Phase.NORMAL or len(validated) != len(entry.calls):
+            return False
+        # Every call is validated, so every call has its finished result.
+        records = [self.log.results[(entry.seq, index)] for index in range(len(entry.calls))]
+        state = replay_settled(
+            [(record.name, validated[index]) for index, record in enumerate(records)],
+            step=entry.seq,
+            state=self.conversation.repetition,
+            limits=self.run.settings.repetition,
+        )
+        if state is None:
+            return False
+        self.conversation.repetition = state
+        for call, record in zip(entry.calls, records, strict=True):
+            self.conversation.history.append(tool_message(call, result_text(record)))
+        return True
+
+    async def _conclude(self, entry: ModelEntry) -> InvocationOutcome | None:
+        output_format = self.run.output
+        if not output_format.structured and not entry.text.strip():
+            return InvocationOutcome(
+                kind=OutcomeKind.FAILED,
+                code="empty_answer",
+                reason=f"The model gave no answer after {self.conversation.model_steps} steps.",
+            )
+        output = output_format.parse(entry.text)
+        if not isinstance(output, Invalid):
+            return InvocationOutcome(kind=OutcomeKind.COMPLETED, output=output)
+        if self.conversation.corrections == 0:
+            # One chance to fix a malformed structured answer, persisted like any step so a
+            # resume sees that it was already asked for.
+            notice: Message = {
+                "role": "user",
+                "content": prompts.correction_request(output.message),
+            }
+            await self.run.journal.record(
+                kind="notice",
+                name=CORRECTION_NOTICE,
+                request={"model_seq": entry.seq},
+                response=notice,
+            )
+            self.conversation.history.append(notice)
+            self.conversation.corrections += 1
+            self.conversation.correcting = True
+            return None
+        return InvocationOutcome(
+            kind=OutcomeKind.FAILED,
+            code="invalid_output",
+            reason=f"The final answer could not be used: {output.message}",
+        )

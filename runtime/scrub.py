@@ -1,0 +1,179 @@
+"""Known secrets out of everything an invocation persists (docs/reliability.md P2).
+
+The model client keeps API keys out of its own errors and logs (``secrets.redact``). What it
+cannot stop is the *content* of a step carrying a key: a hostile or confused provider echoing
+the credential in its answer, a model putting it in tool arguments, a tool's error message
+quoting those arguments, an output (plan, verdict) built from them. Steps, events and outcomes
+are stored, shown by the API and replayed into later prompts, so the invoker wraps the journal
+in :class:`ScrubbingJournal`, which masks every known secret value in whatever is persisted,
+and scrubs the invocation's outcome the same way.
+
+Masking happens before anything is written, so a masked value is gone for good: a gated call
+approved later, or a call re-issued after a crash, runs with the mask in place of the secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar, cast
+
+from runtime.invocation import InvocationOutcome, RecordedCall, StepJournal, StepRecord
+from runtime.secrets import MASK, Secret
+
+T = TypeVar("T")
+
+#: Shorter values are not masked: a one-letter "key" would mask every such letter of a step.
+MIN_SECRET_CHARS = 8
+
+
+def secret_values(secrets: Sequence[Secret | None]) -> tuple[str, ...]:
+    """The revealed values worth masking, longest first (a key containing another)."""
+    values = {s.reveal() for s in secrets if s is not None and len(s.reveal()) >= MIN_SECRET_CHARS}
+    return tuple(sorted(values, key=len, reverse=True))
+
+
+def scrub(value: T, secrets: Sequence[str]) -> T:
+    """``value`` (JSON-like: dicts, lists, strings, numbers) with every secret masked."""
+    if not secrets:
+        return value
+    return cast(T, _scrub(value, secrets))
+
+
+def _scrub(value: Any, secrets: Sequence[str]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, MASK)
+        return value
+    if isinstance(value, dict):
+        return {_scrub(k, secrets): _scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_scrub(v, secrets) for v in value)
+    return value
+
+
+def scrub_outcome(outcome: InvocationOutcome, secrets: Sequence[str]) -> InvocationOutcome:
+    if not secrets:
+        return outcome
+    return replace(
+        outcome, output=scrub(outcome.output, secrets), reason=scrub(outcome.reason, secrets)
+    )
+
+
+class ScrubbingJournal:
+    """A :class:`~.invocation.StepJournal` that masks ``secrets`` in what it persists."""
+
+    def __init__(self, inner: StepJournal, secrets: Sequence[str]) -> None:
+        self.inner = inner
+        self.secrets = tuple(secrets)
+
+    def _s(self, value: T) -> T:
+        return scrub(value, self.secrets)
+
+    async def steps(self) -> list[StepRecord]:
+        return await self.inner.steps()
+
+    async def begin(
+        self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
+    ) -> int:
+        return await self.inner.begin(
+            kind=kind, name=name, request=self._s(request), idempotency_key=idempotency_key
+        )
+
+    async def complete(
+        self,
+        seq: int,
+        *,
+        response: Any,
+        error: str = "",
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+    ) -> None:
+        await self.inner.complete(
+            seq,
+            response=self._s(response),
+            error=self._s(error),
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+        )
+
+    async def record(
+        self,
+        *,
+        kind: str,
+        name: str,
+        request: dict[str, Any],
+        response: Any,
+        error: str = "",
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+        duration_ms: int | None = None,
+    ) -> int:
+        return await self.inner.record(
+            kind=kind,
+            name=name,
+            request=self._s(request),
+            response=self._s(response),
+            error=self._s(error),
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+            duration_ms=duration_ms,
+        )
+
+    def runs_first(self, name: str, request: dict[str, Any]) -> bool:
+        return self.inner.runs_first(name, self._s(request))
+
+    async def record_call(
+        self,
+        *,
+        name: str,
+        request: dict[str, Any],
+        idempotency_key: str,
+        response: Any,
+        error: str = "",
+        started_at: datetime | None = None,
+    ) -> RecordedCall:
+        return await self.inner.record_call(
+            name=name,
+            request=self._s(request),
+            idempotency_key=idempotency_key,
+            response=self._s(response),
+            error=self._s(error),
+            started_at=started_at,
+        )
+
+    async def gate(
+        self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
+    ) -> int:
+        return await self.inner.gate(
+            name=name,
+            request=self._s(request),
+            idempotency_key=idempotency_key,
+            reason=self._s(reason),
+        )
+
+    async def event(self, type: str, data: dict[str, Any]) -> None:
+        await self.inner.event(type, self._s(data))
+
+    def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
+        return self.inner.idempotency_key(step_seq, call_index)
+
+    async def admit_model_call(self) -> None:
+        await self.inner.admit_model_call()
+
+    async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
+        # The approved arguments were stored masked: compare like with like.
+        return await self.inner.authorize(seq, name, self._s(arguments))
+
+    def tool_notice(self, seq: int) -> str:
+        return self.inner.tool_notice(seq)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the engine's journal offers (added later) passes through unchanged.
+        return getattr(self.inner, name)

@@ -1,0 +1,88 @@
+"""What a tool is to the loop: a spec, an async ``run``, a context, a result."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runtime.types import ToolSpec
+
+
+class ToolError(Exception):
+    """An expected failure; its message goes to the model as the tool result, so make it
+    actionable (what was wrong and what to do instead)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    content: str
+    is_error: bool = False
+    #: Workdir-relative paths this call wrote; the loop persists them so ``maxFiles`` holds
+    #: across a resume.
+    files_written: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """Who makes a tool call: the run invocation it belongs to, as plain data.
+
+    The loop that builds a call's :class:`ToolContext` sets it from the invocation it carries
+    out, so a tool authorises and attributes its call from this, never by finding a row (which
+    may not be written yet when the call runs)."""
+
+    run_id: uuid.UUID
+    #: ``leader``, ``maker`` or ``verifier``.
+    role: str
+    #: The invocation's name within the run: ``leader``, ``maker:0``, ``verifier``.
+    name: str
+    #: The AI employee playing the role (its username).
+    employee: str
+    #: The compiled harness settings of the role's snapshot (fixed for the run); ``None`` when
+    #: the run has no snapshot for the role, which denies whatever the harness must allow.
+    harness: Mapping[str, Any] | None = None
+    #: The tools the employee binds (its ``tools`` list, as read when the invocation began).
+    bound_tools: frozenset[str] = frozenset()
+    #: The run pattern's ``approvals.autoAllowlist``: tools whose ``ask`` is waived.
+    auto_allowlist: frozenset[str] = frozenset()
+
+
+@dataclass
+class ToolContext:
+    """Everything a tool call may rely on besides its arguments."""
+
+    workdir: str | None
+    #: ``<run id>:<step seq>:<call index>``; the same on a re-issue after a crash, so a
+    #: side-effecting tool can make its effect happen once.
+    idempotency_key: str
+    #: ``time.monotonic()`` value after which the loop abandons the call as timed out.
+    deadline: float
+    call_id: str = ""
+    #: True when the call was started before (a crash or lost lease) and is issued again.
+    reissued: bool = False
+    #: Distinct workdir-relative files written in this invocation (shared by its calls).
+    files_written: set[str] = field(default_factory=set)
+    #: Set when the call is cancelled or times out; work running in a thread polls it.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Who makes the call; ``None`` outside a run (a tool that needs a caller refuses then).
+    invocation: Invocation | None = None
+
+    def remaining(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    def check(self) -> None:
+        """Raise when the call should stop (cancelled, or past its deadline)."""
+        if self.cancelled.is_set() or self.remaining() <= 0:
+            raise ToolError("The tool call was cancelled or ran out of time.")
+
+
+class Tool(Protocol):
+    @property
+    def spec(self) -> ToolSpec: ...
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        """Do the work. Raise :class:`ToolError` for expected failures."""
+        ...

@@ -1,0 +1,292 @@
+"""The command lines of a sandboxed run (pure: no process is started here).
+
+A run is a chain of small exec-ing programs, each adding one property, so that no Python code
+runs between ``fork`` and ``exec`` (``preexec_fn`` is unsafe in threaded and asyncio programs):
+
+    choom -n 1000        the kernel's OOM killer takes sandbox processes first; written while
+                         still root, which also stops the program from lowering it again
+    unshare --mount      (root, borrowed work dir) a private mount namespace in which, still as
+    sh -c 'mount --bind' root, the borrowed directory is bound onto the run directory's
+                         ``work/``: the sandbox uid reaches it there, whatever its parents allow
+    setpriv --reuid U    (root only) a dedicated unprivileged host uid: RLIMIT_NPROC is never
+                         enforced for root, and a per-run uid makes the run's processes a set
+                         the runner can find and kill
+    nice -n N            a fork bomb competes for CPU at low weight against the control plane
+    bwrap ...            namespaces, read-only system binds, one writable dir, seccomp
+    prlimit ...          rlimits set *inside* the new user namespace: RLIMIT_NPROC then counts
+                         only this sandbox's tasks, not every process of the host uid
+    python3 -I -S ...    / node --max-old-space-size=...
+
+The rlimit-only backend is the same chain without ``bwrap``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.config import SandboxConfig
+from sandbox.nodestdio import node_stdio_args
+from sandbox.types import (
+    NODE_RESERVED_ADDRESS_SPACE,
+    Language,
+    MiB,
+    SandboxLimits,
+    SandboxRequest,
+)
+from sandbox.workdir import CODE_NAMES, SANDBOX_USER, RunDir
+
+CHOOM = "/usr/bin/choom"
+SETPRIV = "/usr/bin/setpriv"
+NICE = "/usr/bin/nice"
+PRLIMIT = "/usr/bin/prlimit"
+UNSHARE = "/usr/bin/unshare"
+SH = "/bin/sh"
+#: Run as root in the new private mount namespace: bind "$1" onto "$2", then exec the rest of
+#: the chain. The paths are arguments, never part of the script text; 125 marks its failure.
+BIND_SCRIPT = '/usr/bin/mount --bind -- "$1" "$2" || exit 125; shift 2; exec "$@"'
+
+SANDBOX_WORKDIR = "/workdir"
+SANDBOX_CODE_DIR = "/code"
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Private tmpfs mounts inside the sandbox's own mount namespace, not the host's directories.
+SANDBOX_TMP = "/tmp"  # noqa: S108
+SANDBOX_SHM = "/dev/shm"  # noqa: S108
+
+#: Host root entries that are symlinks into /usr on merged-/usr systems (Debian 12), or
+#: directories on older layouts; bound read-only either way.
+_ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: The only pieces of the host's /etc a program sees: the loader cache, public CA certificates
+#: and the service/protocol tables. Never passwd/shadow, ssl/private or anything with secrets.
+_ETC_ALWAYS = (
+    "/etc/ld.so.cache",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/services",
+    "/etc/protocols",
+)
+#: Name resolution, only when the network is shared.
+_ETC_NETWORK = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+)
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    #: The environment of the first program in the chain. For bubblewrap it is empty: the
+    #: program's own environment is set with ``--setenv`` after ``--clearenv``.
+    env: dict[str, str]
+    cwd: str
+    #: bubblewrap's options, NUL-separated, for the ``--args FD`` descriptor. They hold the
+    #: program's environment values and host paths, which must not sit in an argv: any host
+    #: user can read a process's command line, and so can the sandbox (it is bwrap's PID 1).
+    bwrap_options: bytes = b""
+
+
+def options_blob(options: list[str]) -> bytes:
+    return b"".join(option.encode() + b"\0" for option in options)
+
+
+def program_env(request: SandboxRequest, *, home: str, tmpdir: str) -> dict[str, str]:
+    env = {
+        "PATH": SANDBOX_PATH,
+        "HOME": home,
+        "TMPDIR": tmpdir,
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "USER": "sandbox",
+    }
+    env.update(request.env)
+    return env
+
+
+def interpreter_argv(
+    config: SandboxConfig, language: Language, code_path: str, address_space: int
+) -> list[str]:
+    if language == "python":
+        # -I: ignore PYTHON* variables and the user site; -S: no site-packages, so the host's
+        # installed packages are not importable by accident (skills declare their packages);
+        # -B: no .pyc writes; utf8 mode: the same stdout encoding whatever the locale.
+        return [config.python_path, "-I", "-S", "-B", "-X", "utf8", code_path]
+    heap_mib = max(64, (address_space - NODE_RESERVED_ADDRESS_SPACE) // MiB)
+    # Blocking stdout/stderr, so an output flood meets the cap (nodestdio.py).
+    stdio = node_stdio_args(config.node_path)
+    return [config.node_path, f"--max-old-space-size={heap_mib}", *stdio, code_path]
+
+
+def limits_argv(limits: SandboxLimits, address_space: int) -> list[str]:
+    cpu = limits.cpu_seconds
+    return [
+        PRLIMIT,
+        # soft < hard: SIGXCPU at the soft limit tells "cpu" apart from other SIGKILLs; a
+        # program that ignores SIGXCPU gets SIGKILL one second later.
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--as={address_space}:{address_space}",
+        f"--nproc={limits.max_processes}:{limits.max_processes}",
+        f"--nofile={limits.open_files}:{limits.open_files}",
+        f"--fsize={limits.file_size_bytes}:{limits.file_size_bytes}",
+        # No core files: they would land in the work dir, or go to a host core handler.
+        "--core=0:0",
+        "--",
+    ]
+
+
+def host_prefix(
+    config: SandboxConfig, uid: int | None, private_bind: tuple[Path, Path] | None = None
+) -> list[str]:
+    """The chain before bwrap. ``private_bind`` (source, mount point): bind the source there in
+    a private mount namespace, as root, before the uid drop (the namespace, and the mount with
+    it, ends with the run's last process; nothing is mounted in the host's namespace)."""
+    argv = [CHOOM, "-n", "1000", "--"]
+    if private_bind is not None:
+        source, point = private_bind
+        argv += [UNSHARE, "--mount", "--propagation", "private", "--"]
+        argv += [SH, "-c", BIND_SCRIPT, "sh", str(source), str(point)]
+    if uid is not None:
+        argv += [
+            SETPRIV,
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ]
+    return [*argv, NICE, "-n", str(config.niceness), "--"]
+
+
+def bwrap_launch(
+    *,
+    config: SandboxConfig,
+    request: SandboxRequest,
+    rundir: RunDir,
+    uid: int | None,
+    seccomp_fd: int | None,
+    args_fd: int,
+    status_fd: int,
+    program: list[str] | None = None,
+) -> Launch:
+    """The bubblewrap chain; ``program`` replaces the interpreter (the probe runs ``true``)."""
+    address_space = request.limits.address_space_for(request.language)
+    code_path = f"{SANDBOX_CODE_DIR}/{CODE_NAMES[request.language]}"
+    if program is None:
+        program = interpreter_argv(config, request.language, code_path, address_space)
+    inner = limits_argv(request.limits, address_space) + program
+    options = bwrap_options(
+        config=config,
+        rundir=rundir,
+        code_path=code_path,
+        share_net=request.network == "allow",
+        tmpfs_bytes=request.limits.tmpfs_bytes,
+        env=program_env(request, home=SANDBOX_WORKDIR, tmpdir=SANDBOX_TMP),
+        seccomp_fd=seccomp_fd,
+    )
+    options += ["--json-status-fd", str(status_fd)]
+    private = None if rundir.bind_point is None else (rundir.work, rundir.bind_point)
+    prefix = host_prefix(config, uid, private)
+    argv = [*prefix, config.bwrap_path, "--args", str(args_fd), "--", *inner]
+    return Launch(argv=argv, env={}, cwd="/", bwrap_options=options_blob(options))
+
+
+def rlimit_launch(
+    *, config: SandboxConfig, request: SandboxRequest, rundir: RunDir, uid: int | None
+) -> Launch:
+    address_space = request.limits.address_space_for(request.language)
+    argv = (
+        host_prefix(config, uid)
+        + limits_argv(request.limits, address_space)
+        + interpreter_argv(config, request.language, str(rundir.code), address_space)
+    )
+    env = program_env(request, home=str(rundir.work), tmpdir=str(rundir.tmp))
+    return Launch(argv=argv, env=env, cwd=str(rundir.work))
+
+
+def bwrap_options(
+    *,
+    config: SandboxConfig,
+    rundir: RunDir,
+    code_path: str,
+    share_net: bool,
+    tmpfs_bytes: int,
+    env: Mapping[str, str],
+    seccomp_fd: int | None,
+) -> list[str]:
+    """bubblewrap's options (everything between the program name and ``--``)."""
+    argv = _namespace_args(share_net)
+    argv += _system_binds(config, share_net)
+    argv += ["--ro-bind", str(rundir.passwd), "/etc/passwd"]
+    argv += ["--ro-bind", str(rundir.group), "/etc/group"]
+    argv += _scratch_mounts(tmpfs_bytes)
+    argv += ["--bind", str(rundir.bind_point or rundir.work), SANDBOX_WORKDIR]
+    argv += ["--ro-bind", str(rundir.code), code_path]
+    argv += ["--chdir", SANDBOX_WORKDIR, "--remount-ro", "/"]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return argv
+
+
+def _namespace_args(share_net: bool) -> list[str]:
+    args = [
+        # --unshare-user (not the -try variant): without a user namespace there is no uid
+        # mapping and no --disable-userns, so failing loudly is the right outcome.
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(SANDBOX_USER),
+        "--gid",
+        str(SANDBOX_USER),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        # setsid(): no controlling terminal, so TIOCSTI cannot push keystrokes to a host shell.
+        "--new-session",
+        "--clearenv",
+    ]
+    return [*args, "--share-net"] if share_net else args
+
+
+def _system_binds(config: SandboxConfig, share_net: bool) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in _ROOT_LINKS:
+        host = f"/{name}"
+        if os.path.islink(host):
+            args += ["--symlink", os.readlink(host), host]
+        elif os.path.isdir(host):
+            args += ["--ro-bind", host, host]
+    etc = _ETC_ALWAYS + (_ETC_NETWORK if share_net else ())
+    for path in etc:
+        args += ["--ro-bind-try", path, path]
+    for path in config.extra_ro_binds:
+        args += ["--ro-bind", path, path]
+    return args
+
+
+def _scratch_mounts(tmpfs_bytes: int) -> list[str]:
+    size = str(tmpfs_bytes)
+    return [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        # /dev is a tmpfs the sandbox user owns: give /dev/shm its own bounded tmpfs and make
+        # the rest of /dev read-only, or it is an unbounded store of host memory.
+        "--size",
+        size,
+        "--tmpfs",
+        SANDBOX_SHM,
+        "--remount-ro",
+        "/dev",
+        "--size",
+        size,
+        "--tmpfs",
+        SANDBOX_TMP,
+    ]
