@@ -17,21 +17,14 @@ gate unless trusted), external = high-risk (gated, and run under the pattern's o
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from harness.compile import CompiledHarness, name_set
 from harness.schema import EFFECTS, WILDCARD, HarnessSettings
+from runtime.policy import Decision
 from runtime.types import Effect, ToolSpec
-
-
-class Decision(enum.StrEnum):
-    ALLOW = "allow"
-    ASK = "ask"
-    DENY = "deny"
-
 
 TRUST_TIERS: dict[Effect, str] = {
     Effect.READ: "read",

@@ -13,8 +13,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from harness.models import HarnessProfile, HarnessProfileVersion
-from harness.planner import TRUST_TIERS, Decision
+from harness.planner import TRUST_TIERS
 from harness.schema import HarnessLayer, HarnessSettings, openapi_schema
+from runtime.policy import Decision
 from runtime.types import Effect
 
 

@@ -13,11 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from orchestrator.errors import InvalidInput
 
 
-class _Strict(BaseModel):
+class _StrictPolicyModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Budget(_Strict):
+class Budget(_StrictPolicyModel):
     """Upper bounds; an absent value means no bound at this level."""
 
     invocations: int | None = Field(default=None, ge=0)
@@ -28,29 +28,29 @@ class Budget(_Strict):
     cost: float | None = Field(default=None, ge=0)
 
 
-class Budgets(_Strict):
+class Budgets(_StrictPolicyModel):
     perRun: Budget = Budget()
     daily: Budget = Budget()
 
 
-class CircuitBreakerPolicy(_Strict):
+class CircuitBreakerPolicy(_StrictPolicyModel):
     failureThreshold: int = Field(default=5, ge=1, le=1000)
     cooldownSeconds: int = Field(default=300, ge=1, le=86_400)
 
 
-class PathPolicy(_Strict):
+class PathPolicy(_StrictPolicyModel):
     maxFiles: int | None = Field(default=None, ge=1)
     deny: list[str] = []
 
 
-class ApprovalPolicy(_Strict):
+class ApprovalPolicy(_StrictPolicyModel):
     autoAllowlist: list[str] = []
     approvers: list[str] = []
     timeoutSeconds: int | None = Field(default=None, ge=1)
     onTimeout: Literal["reject", "escalate"] = "reject"
 
 
-class ToolLoopPolicy(_Strict):
+class ToolLoopPolicy(_StrictPolicyModel):
     warnAt: int = Field(default=5, ge=1)
     blockAt: int = Field(default=8, ge=1)
     escalateAt: int = Field(default=12, ge=1)
@@ -62,7 +62,7 @@ class ToolLoopPolicy(_Strict):
         return self
 
 
-class PatternPolicy(_Strict):
+class PatternPolicy(_StrictPolicyModel):
     concurrency: int | None = Field(default=None, ge=1, le=10_000)
     maxAttempts: int = Field(default=5, ge=1, le=50)
     lockWaitTimeoutSeconds: int = Field(default=3600, ge=1)

@@ -69,7 +69,7 @@ class Verdict(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Admission:
+class CircuitAdmission:
     key: str
     verdict: Verdict
     token: str = ""
@@ -151,22 +151,22 @@ class CircuitBreaker:
 
     # --- blocking API (one store round trip each; also used from plain threads) ---------------
 
-    def admit_sync(self, key: str, *, probe_lease: float) -> Admission:
+    def admit_sync(self, key: str, *, probe_lease: float) -> CircuitAdmission:
         """Closed → ALLOW; open past its cooldown → PROBE for exactly one caller; else DENY."""
         snapshot = self.store.read(key)
         now = self.now()
         claimable, wait = decide(snapshot, now, probe_lease)
         if snapshot.state is BreakerState.CLOSED:
-            return Admission(key, Verdict.ALLOW, failures=snapshot.failures)
+            return CircuitAdmission(key, Verdict.ALLOW, failures=snapshot.failures)
         if not claimable:
-            return Admission(key, Verdict.DENY, retry_in=wait)
+            return CircuitAdmission(key, Verdict.DENY, retry_in=wait)
         token = uuid.uuid4().hex
         if self.store.claim_probe(key, expected=snapshot, token=token, now=now):
-            return Admission(key, Verdict.PROBE, token=token)
+            return CircuitAdmission(key, Verdict.PROBE, token=token)
         # Another caller won the claim between our read and our write.
-        return Admission(key, Verdict.DENY, retry_in=probe_lease)
+        return CircuitAdmission(key, Verdict.DENY, retry_in=probe_lease)
 
-    def record_failure_sync(self, admission: Admission, *, cooldown: float) -> None:
+    def record_failure_sync(self, admission: CircuitAdmission, *, cooldown: float) -> None:
         """The endpoint is unavailable (retries exhausted, or the probe failed)."""
         if admission.verdict is Verdict.PROBE:
             cap = max(self.max_cooldown, cooldown)
@@ -176,12 +176,12 @@ class CircuitBreaker:
         elif admission.verdict is Verdict.ALLOW:
             self.store.trip(admission.key, now=self.now(), cooldown=cooldown)
 
-    def record_success_sync(self, admission: Admission, *, cooldown: float) -> None:
+    def record_success_sync(self, admission: CircuitAdmission, *, cooldown: float) -> None:
         """The endpoint answered. Only a probe changes state: it closes the breaker."""
         if admission.verdict is Verdict.PROBE:
             self.store.probe_succeeded(admission.key, token=admission.token, cooldown=cooldown)
 
-    def count_failure_sync(self, admission: Admission, *, cooldown: float) -> bool:
+    def count_failure_sync(self, admission: CircuitAdmission, *, cooldown: float) -> bool:
         """One failed attempt of an admitted (closed) call; True when the breaker is open now
         (this failure reached the threshold, or another caller opened it): stop retrying."""
         if admission.verdict is not Verdict.ALLOW:
@@ -198,15 +198,15 @@ class CircuitBreaker:
     # A breaker protects endpoints; it must not become the outage itself. When its store is
     # unreachable (Redis down) calls are admitted as if closed and state changes are dropped.
 
-    async def admit(self, key: str, *, probe_lease: float) -> Admission:
+    async def admit(self, key: str, *, probe_lease: float) -> CircuitAdmission:
         if self._closed_until.get(key, 0.0) > time.monotonic():
-            return Admission(key, Verdict.ALLOW)  # closed, no failures, read moments ago
+            return CircuitAdmission(key, Verdict.ALLOW)  # closed, no failures, read moments ago
         try:
             fn = functools.partial(self.admit_sync, key, probe_lease=probe_lease)
             admission = await self.store.run(fn)
         except Exception:
             logger.warning("breaker store unavailable; admitting %s as closed", key, exc_info=True)
-            return Admission(key, Verdict.ALLOW)
+            return CircuitAdmission(key, Verdict.ALLOW)
         trusted = admission.verdict is Verdict.ALLOW and admission.failures == 0
         if self.closed_cache_seconds and trusted:
             self._closed_until[key] = time.monotonic() + self.closed_cache_seconds
@@ -216,14 +216,14 @@ class CircuitBreaker:
         """A failure was seen: the next admission asks the store."""
         self._closed_until.pop(key, None)
 
-    async def record_failure(self, admission: Admission, *, cooldown: float) -> None:
+    async def record_failure(self, admission: CircuitAdmission, *, cooldown: float) -> None:
         self._forget(admission.key)
         if admission.verdict is not Verdict.DENY:
             fn = functools.partial(self.record_failure_sync, admission, cooldown=cooldown)
             await self._run_quietly(fn, admission.key)
 
     async def record_success(
-        self, admission: Admission, *, cooldown: float, failed_attempts: int = 0
+        self, admission: CircuitAdmission, *, cooldown: float, failed_attempts: int = 0
     ) -> None:
         if admission.verdict is Verdict.PROBE:
             fn = functools.partial(self.record_success_sync, admission, cooldown=cooldown)
@@ -234,7 +234,7 @@ class CircuitBreaker:
                 functools.partial(self.store.reset_failures, admission.key), admission.key
             )
 
-    async def count_failure(self, admission: Admission, *, cooldown: float) -> bool:
+    async def count_failure(self, admission: CircuitAdmission, *, cooldown: float) -> bool:
         self._forget(admission.key)
         try:
             fn = functools.partial(self.count_failure_sync, admission, cooldown=cooldown)

@@ -32,7 +32,7 @@ class RetryLater(Exception):
         self.delay_seconds = delay_seconds
 
 
-class Role(enum.StrEnum):
+class LoopRole(enum.StrEnum):
     LEADER = "leader"
     MAKER = "maker"
     VERIFIER = "verifier"
@@ -41,7 +41,7 @@ class Role(enum.StrEnum):
 @dataclass(frozen=True)
 class InvocationRequest:
     run_id: uuid.UUID
-    role: Role
+    role: LoopRole
     #: Stable name of this invocation within the run, e.g. ``leader``, ``maker:0``, ``verifier``.
     invocation: str
     employee_username: str

@@ -41,7 +41,7 @@ import httpx2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime import http_lite, outbound, outbound_http
-from runtime.breaker import Admission, CircuitBreaker, Verdict
+from runtime.breaker import CircuitAdmission, CircuitBreaker, Verdict
 from runtime.outbound import OutboundPolicy
 from runtime.secrets import (
     Secret,
@@ -508,14 +508,14 @@ class OpenAICompatibleClient:
         await self._settle(admission, target, available=True, failed_attempts=len(failed))
         return response
 
-    async def _admit(self, target: EndpointConfig) -> Admission:
+    async def _admit(self, target: EndpointConfig) -> CircuitAdmission:
         if self.breaker is None:
-            return Admission(target.breaker_key, Verdict.ALLOW)
+            return CircuitAdmission(target.breaker_key, Verdict.ALLOW)
         return await self.breaker.admit(target.breaker_key, probe_lease=target.probe_lease)
 
     async def _settle(
         self,
-        admission: Admission,
+        admission: CircuitAdmission,
         target: EndpointConfig,
         *,
         available: bool,
@@ -540,7 +540,7 @@ class OpenAICompatibleClient:
         request: ChatRequest,
         sink: TextCallback | None,
         attempts: int,
-        admission: Admission,
+        admission: CircuitAdmission,
         failed: list[int],
     ) -> ChatResponse:
         try:
@@ -577,7 +577,9 @@ class OpenAICompatibleClient:
                 await self._sleep(delay)
         raise AssertionError("unreachable: the last attempt either returns or raises")
 
-    async def _opened_by_failures(self, admission: Admission, target: EndpointConfig) -> bool:
+    async def _opened_by_failures(
+        self, admission: CircuitAdmission, target: EndpointConfig
+    ) -> bool:
         """Count one failed attempt on the shared breaker; True when it is open now."""
         if self.breaker is None:
             return False

@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.invocation import InvocationRequest, Role
+from runtime.invocation import InvocationRequest, LoopRole
 
 #: Context keys that steer the loop itself rather than inform the model.
 FORMAT_KEYS = frozenset({"response_format", "response_schema", "auto_allowlist"})
 
 _ROLE_TEXT = {
-    Role.LEADER: (
+    LoopRole.LEADER: (
         "You are the leader of an agent loop. Study the goal and plan the work as a list of "
         "concrete tasks for the makers. You only read; you change nothing."
     ),
-    Role.MAKER: (
+    LoopRole.MAKER: (
         "You are a maker in an agent loop. Carry out the plan for the goal with the tools you "
         "are given, then report what you did."
     ),
-    Role.VERIFIER: (
+    LoopRole.VERIFIER: (
         "You are the independent verifier of an agent loop. Check the makers' work against the "
         "goal and report a verdict with the evidence for each check."
     ),
@@ -32,7 +32,7 @@ _COMMON = (
 
 
 def default_system_prompt(request: InvocationRequest) -> str:
-    return f"{_ROLE_TEXT.get(request.role, _ROLE_TEXT[Role.MAKER])}\n\n{_COMMON}"
+    return f"{_ROLE_TEXT.get(request.role, _ROLE_TEXT[LoopRole.MAKER])}\n\n{_COMMON}"
 
 
 def _json_block(title: str, value: Any) -> str:

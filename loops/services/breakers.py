@@ -84,7 +84,7 @@ class Breaker:
 
 
 @dataclass(frozen=True)
-class Admission:
+class BreakerAdmission:
     """Whether a trigger may start a run now: refused (``refusal``), a probe, or plain."""
 
     refusal: str = ""
@@ -100,12 +100,12 @@ def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def admit(breaker: Breaker, now: datetime) -> Admission:
+def admit(breaker: Breaker, now: datetime) -> BreakerAdmission:
     """May a trigger start a run now? (pure)"""
     if breaker.state == State.CLOSED:
-        return Admission()
+        return BreakerAdmission()
     if breaker.state == State.HALF_OPEN:
-        return Admission(
+        return BreakerAdmission(
             refusal=(
                 f"circuit breaker half-open after {breaker.failures} consecutive failed runs: "
                 f"probe run {breaker.probe} decides whether the pattern works again; retry "
@@ -114,14 +114,14 @@ def admit(breaker: Breaker, now: datetime) -> Admission:
         )
     until = breaker.open_until or now
     if now < until:
-        return Admission(
+        return BreakerAdmission(
             refusal=(
                 f"circuit breaker open after {breaker.failures} consecutive failed runs; "
                 f"retry after {iso(until)}"
             ),
             open_until=until,
         )
-    return Admission(probe=True)
+    return BreakerAdmission(probe=True)
 
 
 def start_probe(breaker: Breaker, run_id: str) -> Breaker:

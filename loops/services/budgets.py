@@ -594,7 +594,7 @@ def metered(limits: RunLimits) -> bool:
 
 
 @dataclass(frozen=True)
-class Admission:
+class BudgetAdmission:
     """:func:`budget_admission`'s answer: ``wait`` None (admitted) or seconds to wait before
     asking again; ``metered`` whether a tokens or cost limit bound the run when asked."""
 
@@ -610,7 +610,7 @@ def budget_admit_model_call(lease: Lease) -> float | None:
 
 
 @transaction.atomic
-def budget_admission(lease: Lease) -> Admission:
+def budget_admission(lease: Lease) -> BudgetAdmission:
     """:func:`budget_admit_model_call`, also saying whether any metered limit binds the run.
 
     A run bound by none needs no admission (nothing can be used up, nothing is shared): the
@@ -619,7 +619,7 @@ def budget_admission(lease: Lease) -> Admission:
     run's own limits can only be raised or removed)."""
     _, _, limits = fenced_limits(lease)
     wait = _admit(lease, limits)
-    return Admission(wait=wait, metered=metered(limits))
+    return BudgetAdmission(wait=wait, metered=metered(limits))
 
 
 #: How long a journal may go without asking for admission when no metered limit binds it.

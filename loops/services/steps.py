@@ -122,13 +122,13 @@ class _NotPlain(Exception):
 
 
 def _plain(
-    limits: budgets.RunLimits, amounts: dict[str, int], verdict: tool_repeats.Verdict
+    limits: budgets.RunLimits, amounts: dict[str, int], verdict: tool_repeats.RepeatVerdict
 ) -> bool:
     """Nothing to judge: no counted limit on these amounts, no metered limit (whose room a
     tool call must check), an ordinary call for the tool-loop policy."""
     bounded = {*limits.per_run, *limits.daily}
     return (
-        verdict is tool_repeats.Verdict.OK
+        verdict is tool_repeats.RepeatVerdict.OK
         and not bounded.intersection(amounts)
         and not budgets.metered(limits)
     )
@@ -406,7 +406,7 @@ def _steps_unchanged(
         or model_step is None
         or model_step.steps_before is None
         or not db.batches_are_sent_together()
-        or not _plain(limits, amounts, tool_repeats.Verdict.OK)
+        or not _plain(limits, amounts, tool_repeats.RepeatVerdict.OK)
     ):
         return None
     policy = limits.tool_loop
@@ -503,9 +503,9 @@ def _tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) ->
     count = _occurrence(lease, digest)
     verdict = tool_repeats.judge(count, limits.tool_loop)
     policy = limits.tool_loop
-    if verdict is tool_repeats.Verdict.ESCALATE:
+    if verdict is tool_repeats.RepeatVerdict.ESCALATE:
         raise tool_repeats.escalation(name, count, policy)
-    if verdict is tool_repeats.Verdict.BLOCK:
+    if verdict is tool_repeats.RepeatVerdict.BLOCK:
         # Never run, so not a tool call for the budgets; the model gets the refusal.
         content = tool_repeats.block_message(name, count, policy)
         blocked = {
@@ -525,7 +525,7 @@ def _tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) ->
     # is taken as late as possible (a refusal rolls the step back with the rest).
     budgets.budget_take(limits, budgets.tool_call_amounts(name))
     budgets.require_room(limits)
-    if verdict is tool_repeats.Verdict.WARN:
+    if verdict is tool_repeats.RepeatVerdict.WARN:
         step_event(
             lease, type="toolloop.warning", data=tool_repeats.event_data(name, count, policy, seq)
         )
@@ -767,9 +767,9 @@ def _judge_answered(lease: Lease, name: str, digest: str, seq: int, policy: Tool
     warns from ``warnAt`` and escalates at ``escalateAt`` (there is nothing to block)."""
     count = tool_repeats.occurrence(lease.run_id, digest)
     verdict = tool_repeats.judge(count, policy)
-    if verdict is tool_repeats.Verdict.ESCALATE:
+    if verdict is tool_repeats.RepeatVerdict.ESCALATE:
         raise tool_repeats.escalation(name, count, policy)
-    if verdict is not tool_repeats.Verdict.OK:
+    if verdict is not tool_repeats.RepeatVerdict.OK:
         step_event(
             lease,
             type="toolloop.warning",

@@ -27,7 +27,7 @@ from loops.policy import ToolLoopPolicy
 from runtime.invocation import ToolLoopEscalated
 
 
-class Verdict(enum.StrEnum):
+class RepeatVerdict(enum.StrEnum):
     OK = "ok"
     WARN = "warn"
     BLOCK = "block"
@@ -46,15 +46,15 @@ def call_hash(name: str, arguments: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def judge(occurrence: int, policy: ToolLoopPolicy) -> Verdict:
+def judge(occurrence: int, policy: ToolLoopPolicy) -> RepeatVerdict:
     """What the ``occurrence``-th identical call of the run gets (higher thresholds win)."""
     if occurrence >= policy.escalateAt:
-        return Verdict.ESCALATE
+        return RepeatVerdict.ESCALATE
     if occurrence >= policy.blockAt:
-        return Verdict.BLOCK
+        return RepeatVerdict.BLOCK
     if occurrence >= policy.warnAt:
-        return Verdict.WARN
-    return Verdict.OK
+        return RepeatVerdict.WARN
+    return RepeatVerdict.OK
 
 
 def occurrence(run_id: uuid.UUID, digest: str) -> int:

@@ -37,10 +37,10 @@ from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LeaseLost,
+    LoopRole,
     OutcomeKind,
     RecordedCall,
     RetryLater,
-    Role,
     RunHalted,
     StepRecord,
     ToolCallRefused,
@@ -119,7 +119,7 @@ class DbJournal:
     transaction fewer. Only the lease holder writes a run's steps, so the journal knows the
     next seq; the write also checks it (``JournalOutOfStep``)."""
 
-    def __init__(self, driver: RunDriver, lease: Lease, role: Role, invocation: str) -> None:
+    def __init__(self, driver: RunDriver, lease: Lease, role: LoopRole, invocation: str) -> None:
         self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
         #: Tool-loop warnings of the steps this journal began, for the model (``tool_notice``).
         self.notices: dict[int, str] = {}
@@ -517,41 +517,41 @@ def _park_for_lock(
 # --- invocations -------------------------------------------------------------------------------
 
 
-def _next_invocation(run: RunState) -> tuple[Role, str, str] | None:
+def _next_invocation(run: RunState) -> tuple[LoopRole, str, str] | None:
     """(role, invocation name, employee) of what comes next, or None when all is done."""
     return _next_invocation_of(run.cursor, run.role_bindings)
 
 
 def _next_invocation_of(
     cursor: dict[str, Any], bindings: dict[str, Any]
-) -> tuple[Role, str, str] | None:
+) -> tuple[LoopRole, str, str] | None:
     """What comes next by a run's cursor and role bindings (as :func:`_next_invocation`)."""
     phase = cursor.get("phase", "leader")
     if phase == "leader":
-        return Role.LEADER, "leader", bindings["leader"]
+        return LoopRole.LEADER, "leader", bindings["leader"]
     if phase == "makers":
         index = int(cursor.get("maker_index", 0))
         makers = list(bindings.get("makers") or [])
         if index < len(makers):
-            return Role.MAKER, f"maker:{index}", makers[index]
-        return Role.VERIFIER, "verifier", bindings["verifier"]
+            return LoopRole.MAKER, f"maker:{index}", makers[index]
+        return LoopRole.VERIFIER, "verifier", bindings["verifier"]
     if phase == "verifier":
-        return Role.VERIFIER, "verifier", bindings["verifier"]
+        return LoopRole.VERIFIER, "verifier", bindings["verifier"]
     return None
 
 
-def _harness_for(run: RunState, role: Role, employee: str) -> dict[str, Any]:
+def _harness_for(run: RunState, role: LoopRole, employee: str) -> dict[str, Any]:
     snaps = run.harness_snapshots or {}
-    if role == Role.MAKER:
+    if role == LoopRole.MAKER:
         return dict((snaps.get("makers") or {}).get(employee) or {})
     return dict(snaps.get(role.value) or {})
 
 
-def _advance_cursor(run: RunState, role: Role, output: dict[str, Any]) -> dict[str, Any]:
+def _advance_cursor(run: RunState, role: LoopRole, output: dict[str, Any]) -> dict[str, Any]:
     cursor = dict(run.cursor)
-    if role == Role.LEADER:
+    if role == LoopRole.LEADER:
         cursor.update(phase="makers", maker_index=0, plan=output)
-    elif role == Role.MAKER:
+    elif role == LoopRole.MAKER:
         cursor["maker_outputs"] = [*cursor.get("maker_outputs", []), output]
         cursor["maker_index"] = int(cursor.get("maker_index", 0)) + 1
     else:
@@ -582,7 +582,7 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
         if step is None:
             return
         role, name, employee = step
-        if role == Role.VERIFIER and status == RunStatus.RUNNING.value:
+        if role == LoopRole.VERIFIER and status == RunStatus.RUNNING.value:
             run.cursor["phase"] = "verifier"
             await driver.db(_enter_verification, lease, run.cursor, run.repository)
             status = RunStatus.VERIFYING.value
@@ -595,7 +595,7 @@ async def drive_run(driver: RunDriver, claim: Claimed) -> None:
             await driver.db(_conclude_invocation, lease, run, outcome, step)
             return
         run.cursor = _advance_cursor(run, role, outcome.output)
-        if role == Role.VERIFIER:
+        if role == LoopRole.VERIFIER:
             await driver.db(_conclude_verdict, lease, run, outcome.output)
             return
         await driver.db(run_update_fenced, lease, cursor=run.cursor)
@@ -687,7 +687,7 @@ async def _invoke(
     driver: RunDriver,
     lease: Lease,
     run: RunState,
-    role: Role,
+    role: LoopRole,
     name: str,
     employee: str,
     *,
@@ -704,7 +704,7 @@ async def _invoke(
         # Only the verifier's context reads the database (its artifacts).
         context=(
             await driver.db(_context_for, run, role)
-            if role == Role.VERIFIER
+            if role == LoopRole.VERIFIER
             else _context_for(run, role)
         ),
         inputs=run.inputs,
@@ -774,7 +774,7 @@ def _abandon(task: asyncio.Future[Any]) -> None:
 
 
 def _invocation_begin(
-    lease: Lease, role: Role, name: str, expected: budgets.RunLimits | None = None
+    lease: Lease, role: LoopRole, name: str, expected: budgets.RunLimits | None = None
 ) -> tuple[budgets.InvocationStart, dict[str, int]]:
     """Count the invocation's start, and read the run's tool calls so far (by hash)."""
     return step_services.invocation_begin(
@@ -782,7 +782,7 @@ def _invocation_begin(
     )
 
 
-def _context_for(run: RunState, role: Role) -> dict[str, Any]:
+def _context_for(run: RunState, role: LoopRole) -> dict[str, Any]:
     """What the invocation sees of earlier work, and the JSON shape its answer must have."""
     context: dict[str, Any] = {
         "plan": run.cursor.get("plan"),
@@ -790,9 +790,9 @@ def _context_for(run: RunState, role: Role) -> dict[str, Any]:
         "autonomy_level": run.autonomy_level,
         "auto_allowlist": (run.policy.get("approvals") or {}).get("autoAllowlist", []),
     }
-    if role == Role.LEADER:
+    if role == LoopRole.LEADER:
         context.update(response_format="json_schema", response_schema=PLAN_SCHEMA)
-    elif role == Role.VERIFIER:
+    elif role == LoopRole.VERIFIER:
         context.update(
             response_format="json_schema",
             response_schema=VERDICT_SCHEMA,
@@ -858,7 +858,7 @@ def _event_type(outcome: InvocationOutcome, default: str) -> str:
 
 @transaction.atomic
 def _conclude_invocation(
-    lease: Lease, run: RunState, outcome: InvocationOutcome, step: tuple[Role, str, str]
+    lease: Lease, run: RunState, outcome: InvocationOutcome, step: tuple[LoopRole, str, str]
 ) -> None:
     if outcome.code == "__parked__":
         return  # already re-queued by _park_for_retry

@@ -27,8 +27,8 @@ from orchestrator.errors import NotFound
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    LoopRole,
     OutcomeKind,
-    Role,
     StepJournal,
 )
 from runtime.loop import LoopSettings, ToolLoopInvoker
@@ -157,7 +157,7 @@ def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolP
     if harness_settings is None:
         # No snapshot means no policy: deny everything rather than guess.
         return ToolPolicy.from_decisions({s.name: ("deny", "no harness snapshot") for s in specs})
-    if request.role == Role.LEADER:
+    if request.role == LoopRole.LEADER:
         specs = [s for s in specs if s.effect == Effect.READ]
     decisions: dict[str, Any] = plan_tools(harness_settings, specs).decisions()
     # The pattern's autoAllowlist skips the human gate, never a deny.

@@ -23,7 +23,7 @@ from runtime.tools.ledger import EffectLedger, LedgerEntry, MemoryLedger, digest
 from runtime.tools.registry import ToolRegistry
 from runtime.tools.workspace import (
     DEFAULT_DENY_PATTERNS,
-    Target,
+    PathTarget,
     Workspace,
     denied_by,
 )
@@ -192,7 +192,7 @@ class _FileWriter(_FileTool):
 
     @abc.abstractmethod
     def new_content(
-        self, workspace: Workspace, target: Target, arguments: dict[str, Any]
+        self, workspace: Workspace, target: PathTarget, arguments: dict[str, Any]
     ) -> tuple[bytes, str]:
         """The file's new content and the message that reports the change."""
 
@@ -209,7 +209,7 @@ class WriteTool(_FileWriter):
     )
 
     def new_content(
-        self, workspace: Workspace, target: Target, arguments: dict[str, Any]
+        self, workspace: Workspace, target: PathTarget, arguments: dict[str, Any]
     ) -> tuple[bytes, str]:
         data = arguments["content"].encode("utf-8")
         return data, f"Wrote {len(data):,} bytes to {target.relative}."
@@ -235,7 +235,7 @@ class EditTool(_FileWriter):
     )
 
     def new_content(
-        self, workspace: Workspace, target: Target, arguments: dict[str, Any]
+        self, workspace: Workspace, target: PathTarget, arguments: dict[str, Any]
     ) -> tuple[bytes, str]:
         text = _read_for_edit(workspace, target, self.config.max_read_bytes)
         old, new = _locate(text, arguments["old_text"], arguments["new_text"], target)
@@ -251,7 +251,7 @@ class EditTool(_FileWriter):
         return updated.encode("utf-8"), f"Replaced {replaced} occurrence(s) in {target.relative}."
 
 
-def _read_for_edit(workspace: Workspace, target: Target, max_bytes: int) -> str:
+def _read_for_edit(workspace: Workspace, target: PathTarget, max_bytes: int) -> str:
     data, size = workspace.read_bytes(target, max_bytes)
     if size > len(data):
         raise ToolError(f"{target.given!r} is {size:,} bytes, too large to edit here.")
@@ -261,7 +261,7 @@ def _read_for_edit(workspace: Workspace, target: Target, max_bytes: int) -> str:
         raise ToolError(f"{target.given!r} is not UTF-8 text, so it cannot be edited.") from None
 
 
-def _locate(text: str, old: str, new: str, target: Target) -> tuple[str, str]:
+def _locate(text: str, old: str, new: str, target: PathTarget) -> tuple[str, str]:
     """The text to replace as it is in the file (repairing LF vs CRLF line endings)."""
     if old in text:
         return old, new
@@ -279,7 +279,7 @@ def _locate(text: str, old: str, new: str, target: Target) -> tuple[str, str]:
 
 
 def _already_applied(
-    workspace: Workspace, target: Target, context: ToolContext, config: FileToolConfig
+    workspace: Workspace, target: PathTarget, context: ToolContext, config: FileToolConfig
 ) -> ToolResult | None:
     """The earlier result when this very call (same idempotency key) already took effect."""
     entry = config.ledger.get(context.idempotency_key)
@@ -309,7 +309,7 @@ def _reserve(context: ToolContext, relative: str, max_files: int | None) -> bool
 
 def _commit(
     workspace: Workspace,
-    target: Target,
+    target: PathTarget,
     data: bytes,
     context: ToolContext,
     config: FileToolConfig,

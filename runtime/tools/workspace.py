@@ -39,7 +39,7 @@ _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 @dataclass(frozen=True)
-class Target:
+class PathTarget:
     """A path inside the workspace: as the model wrote it, resolved, and workdir-relative."""
 
     given: str
@@ -89,7 +89,7 @@ class Workspace:
                 return path.relative_to(base).as_posix()
         return None
 
-    def resolve(self, given: str) -> Target:
+    def resolve(self, given: str) -> PathTarget:
         """Resolve a model-given path, refusing anything outside the workspace or denied."""
         if not given or "\x00" in given:
             raise ToolError("Give a non-empty path relative to the working directory.")
@@ -106,9 +106,9 @@ class Workspace:
             pattern = denied_by(name, self.deny_patterns)
             if pattern and name != ".":
                 raise ToolError(f"Path {given!r} is protected (deny pattern {pattern!r}).")
-        return Target(given=given, real=real, relative=relative)
+        return PathTarget(given=given, real=real, relative=relative)
 
-    def verify_descriptor(self, fd: int, target: Target) -> None:
+    def verify_descriptor(self, fd: int, target: PathTarget) -> None:
         """Refuse a descriptor that ended up outside the workspace (a symlink swapped in)."""
         try:
             opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
@@ -120,7 +120,7 @@ class Workspace:
                 "directory while it was being opened; refused."
             )
 
-    def read_bytes(self, target: Target, max_bytes: int) -> tuple[bytes, int]:
+    def read_bytes(self, target: PathTarget, max_bytes: int) -> tuple[bytes, int]:
         """Up to ``max_bytes`` of a regular file, and the file's full size."""
         fd = _open(target, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
         try:
@@ -135,7 +135,7 @@ class Workspace:
         finally:
             os.close(fd)
 
-    def write_bytes(self, target: Target, data: bytes) -> None:
+    def write_bytes(self, target: PathTarget, data: bytes) -> None:
         """Replace the file's content atomically (temporary file + rename, both fsynced)."""
         if target.real == self.root:
             raise ToolError("The working directory itself cannot be written as a file.")
@@ -154,7 +154,7 @@ class Workspace:
             os.close(dir_fd)
 
 
-def _open(target: Target, flags: int, path: Path | None = None) -> int:
+def _open(target: PathTarget, flags: int, path: Path | None = None) -> int:
     try:
         return os.open(path or target.real, flags)
     except FileNotFoundError:
@@ -167,7 +167,7 @@ def _open(target: Target, flags: int, path: Path | None = None) -> int:
         raise ToolError(f"{target.given!r} cannot be opened: {exc.strerror}.") from None
 
 
-def _existing_mode(target: Target, dir_fd: int) -> int | None:
+def _existing_mode(target: PathTarget, dir_fd: int) -> int | None:
     try:
         info = os.stat(target.real.name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from bench.harness_compile import layers, run, toolset
 from harness.compile import harness_compile
-from harness.planner import Decision, plan_tools
+from harness.planner import plan_tools
+from runtime.policy import Decision
 
 
 def test_the_benchmark_reports_median_p99_spread_and_a_verdict() -> None:

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.compile import Layer, harness_compile, layer_from_settings, layer_parse
-from harness.planner import Decision, plan_tools
+from harness.planner import plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings
+from runtime.policy import Decision
 from runtime.types import Effect, ToolSpec
 
 NAMES = ["a", "b", "c", "d"]

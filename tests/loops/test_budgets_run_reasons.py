@@ -13,7 +13,7 @@ from loops.services.approvals import approvals_expire
 from loops.services.runs import run_act
 from loops.services.transitions import REASONED, run_transition
 from loops.worker.engine import _conclude_invocation, _conclude_verdict, load_run_state
-from runtime.invocation import InvocationOutcome, OutcomeKind, Role
+from runtime.invocation import InvocationOutcome, LoopRole, OutcomeKind
 from tests.support.factories import make_pattern, make_run
 from tests.support.limits import running_run, snapshot
 
@@ -82,7 +82,7 @@ def test_an_invocation_outcome_records_its_code_or_a_default(
 ) -> None:
     run, lease = running_run()
     outcome = InvocationOutcome(kind=kind, code=code, reason="because")
-    _conclude_invocation(lease, load_run_state(run.id), outcome, (Role.MAKER, "maker:0", "m"))
+    _conclude_invocation(lease, load_run_state(run.id), outcome, (LoopRole.MAKER, "maker:0", "m"))
     assert reasons(run) == (*expected, "because")
 
 

@@ -31,8 +31,8 @@ from loops.worker.recovery import reclaim_workspace
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    LoopRole,
     OutcomeKind,
-    Role,
     StepJournal,
 )
 from sandbox import SandboxConfig
@@ -144,9 +144,9 @@ class _Roles:
 
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
         output: dict[str, Any] = {"summary": "done"}
-        if request.role == Role.LEADER:
+        if request.role == LoopRole.LEADER:
             output = {"tasks": [{"title": "do it"}]}
-        elif request.role == Role.VERIFIER:
+        elif request.role == LoopRole.VERIFIER:
             output = {"verdict": "pass", "reasons": ["scripted"], "checks": []}
         else:
             assert request.workdir

@@ -19,8 +19,8 @@ from loops.worker.driver import POLL_BATCH, RunDriver
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    LoopRole,
     OutcomeKind,
-    Role,
     StepJournal,
 )
 from tests.support.factories import make_pattern, make_run
@@ -41,9 +41,9 @@ class _Instant:
     async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
         await asyncio.sleep(self.hold)
         output: dict[str, Any] = {"summary": "done"}
-        if request.role == Role.LEADER:
+        if request.role == LoopRole.LEADER:
             output = {"tasks": [{"title": "do it"}]}
-        elif request.role == Role.VERIFIER:
+        elif request.role == LoopRole.VERIFIER:
             output = {"verdict": "pass", "reasons": ["scripted"], "checks": []}
         return InvocationOutcome(kind=OutcomeKind.COMPLETED, output=output)
 

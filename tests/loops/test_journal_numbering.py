@@ -23,7 +23,7 @@ from loops.services.claims import run_claim
 from loops.services.steps import JournalOutOfStep, step_begin
 from loops.services.transitions import Lease
 from loops.worker.engine import DbJournal, _invocation_begin
-from runtime.invocation import BudgetExhausted, LeaseLost, Role
+from runtime.invocation import BudgetExhausted, LeaseLost, LoopRole
 from tests.support.factories import make_pattern, make_run
 
 # Real transactions: on PostgreSQL the journal sends each write as one multi-statement batch.
@@ -43,8 +43,8 @@ def leased(policy: dict[str, Any] | None = None) -> Lease:
 
 
 def journal_for(lease: Lease) -> DbJournal:
-    journal = DbJournal(InlineDriver(), lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
-    start, calls = _invocation_begin(lease, Role.MAKER, "maker:0")
+    journal = DbJournal(InlineDriver(), lease, LoopRole.MAKER, "maker:0")  # type: ignore[arg-type]
+    start, calls = _invocation_begin(lease, LoopRole.MAKER, "maker:0")
     journal.started(
         fresh=start.started,
         metered=start.metered,

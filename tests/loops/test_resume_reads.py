@@ -9,7 +9,7 @@ import pytest
 
 from loops.models import LoopRun, LoopStep
 from loops.services.steps import steps_of_invocation
-from runtime.invocation import Role, StepRecord
+from runtime.invocation import LoopRole, StepRecord
 from tests.loops.test_journal_numbering import InlineDriver, leased, run_async
 from tests.support.factories import make_run
 
@@ -72,7 +72,7 @@ def test_a_resuming_journal_answers_its_steps_from_the_early_read() -> None:
     driver = CountingDriver()
 
     async def resumed() -> list[StepRecord]:
-        journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+        journal = DbJournal(driver, lease, LoopRole.MAKER, "maker:0")  # type: ignore[arg-type]
         journal.read_steps_early()
         journal.started(fresh=False, metered=False, steps=1)
         return await journal.steps()
@@ -89,7 +89,7 @@ def test_a_fresh_invocation_has_no_steps_whatever_the_early_read_found() -> None
     driver = CountingDriver()
 
     async def fresh() -> list[StepRecord]:
-        journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+        journal = DbJournal(driver, lease, LoopRole.MAKER, "maker:0")  # type: ignore[arg-type]
         journal.read_steps_early()
         journal.started(fresh=True, metered=False, steps=0)
         steps = await journal.steps()
@@ -131,7 +131,7 @@ def test_steps_read_with_the_claim_are_the_journals_without_another_read() -> No
     driver = CountingDriver()
 
     async def resumed() -> list[StepRecord]:
-        journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+        journal = DbJournal(driver, lease, LoopRole.MAKER, "maker:0")  # type: ignore[arg-type]
         journal.steps_read(records)
         journal.started(fresh=False, metered=False, steps=1)
         return await journal.steps()

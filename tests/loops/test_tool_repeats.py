@@ -15,7 +15,7 @@ from loops.services import budgets
 from loops.services.budgets import run_scope
 from loops.services.runs import run_act
 from loops.services.steps import step_record, tool_step_begin
-from loops.services.tool_repeats import Verdict, call_hash, judge
+from loops.services.tool_repeats import RepeatVerdict, call_hash, judge
 from loops.services.transitions import Lease
 from runtime.invocation import ToolCallRefused, ToolLoopEscalated
 from tests.support.factories import make_pattern
@@ -42,7 +42,7 @@ def test_the_default_thresholds_warn_at_5_block_at_8_and_escalate_at_12(
 
 def test_the_higher_threshold_wins_when_two_are_equal() -> None:
     policy = ToolLoopPolicy(warnAt=3, blockAt=3, escalateAt=3)
-    assert [judge(n, policy) for n in (2, 3)] == [Verdict.OK, Verdict.ESCALATE]
+    assert [judge(n, policy) for n in (2, 3)] == [RepeatVerdict.OK, RepeatVerdict.ESCALATE]
 
 
 def test_identical_calls_hash_alike_whatever_the_key_order() -> None:

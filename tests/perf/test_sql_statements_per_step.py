@@ -29,7 +29,7 @@ from loops.policy import PatternPolicy
 from loops.services import budgets
 from loops.services.claims import run_claim
 from loops.worker.engine import DbJournal, _invocation_begin, load_run_state, prepare
-from runtime.invocation import InvocationRequest, Role
+from runtime.invocation import InvocationRequest, LoopRole
 from runtime.loop import LoopSettings, ToolLoopInvoker
 from runtime.policy import ToolPolicy
 from runtime.tools import ToolRegistry, ToolResult
@@ -140,8 +140,8 @@ def _per_step(
     monkeypatch.setattr(budgets, "ADMISSION_RECHECK_SECONDS", 3600.0)
     lease, state = _leased_run()
     driver = InlineDriver()
-    start, calls = _invocation_begin(lease, Role.MAKER, "maker:0")
-    journal = DbJournal(driver, lease, Role.MAKER, "maker:0")  # type: ignore[arg-type]
+    start, calls = _invocation_begin(lease, LoopRole.MAKER, "maker:0")
+    journal = DbJournal(driver, lease, LoopRole.MAKER, "maker:0")  # type: ignore[arg-type]
     journal.started(
         fresh=start.started,
         metered=start.metered,
@@ -151,7 +151,7 @@ def _per_step(
     )
     request = InvocationRequest(
         run_id=state.id,
-        role=Role.MAKER,
+        role=LoopRole.MAKER,
         invocation="maker:0",
         employee_username="maker",
         goal="count statements",

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from harness.compile import harness_compile, layer_from_settings, profile_layer
-from harness.planner import Decision, plan_tools
+from harness.planner import plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, layer_validate
+from runtime.policy import Decision
 from runtime.tools import MemoryLedger, ToolContext, ToolError, ToolResult
 from runtime.tools.bash import (
     BASH_SPEC,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.invocation import OutcomeKind, Role
+from runtime.invocation import LoopRole, OutcomeKind
 from runtime.loop import LoopSettings, ModelTemporarilyUnavailable, ToolLoopInvoker
 from runtime.policy import ToolPolicy
 from runtime.tools import ToolContext, ToolRegistry, ToolResult
@@ -47,7 +47,7 @@ def test_a_text_answer_completes_the_invocation_with_that_text() -> None:
 def test_the_first_request_holds_the_system_prompt_the_goal_and_the_context() -> None:
     model = ScriptedModel(text("ok"))
     request = make_request(
-        role=Role.LEADER, goal="Fix the flaky test.", context={"plan": None, "note": "hi"}
+        role=LoopRole.LEADER, goal="Fix the flaky test.", context={"plan": None, "note": "hi"}
     )
     invoke(make_invoker(model, []), request=request)
     system, goal = model.requests[0].messages

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.invocation import InvocationRequest, Role
+from runtime.invocation import InvocationRequest, LoopRole
 from runtime.loop import ToolLoopInvoker, tool_invocation
 from runtime.tools.base import Invocation
 from runtime.types import Effect
@@ -26,7 +26,7 @@ SETTINGS = {"tools": {"allow": ["*"]}, "isolation": {"networkAccess": "deny"}}
 
 def _request() -> InvocationRequest:
     return make_request(
-        role=Role.MAKER,
+        role=LoopRole.MAKER,
         invocation="maker:1",
         employee_username="ada",
         harness={"profile": {"tag": "default", "version": 3}, "settings": SETTINGS},

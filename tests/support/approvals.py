@@ -52,8 +52,8 @@ from loops.worker.invoker import role_tool_policy
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    LoopRole,
     OutcomeKind,
-    Role,
     StepJournal,
 )
 from runtime.loop import ToolLoopInvoker
@@ -301,7 +301,7 @@ def park_directly(
     pattern: LoopPattern,
     calls: Sequence[Call],
     *,
-    role: Role = Role.MAKER,
+    role: LoopRole = LoopRole.MAKER,
     employee: str = MAKER,
     reason: str = "the tool plan asks for approval of this tool",
 ) -> LoopRun:
@@ -311,7 +311,7 @@ def park_directly(
     [claim] = run_claim(owner="test-parker", lease_seconds=300, run_id=run.id)
     lease = claim.lease
     start_claimed(claim, event_type="run.started")
-    invocation = "maker:0" if role == Role.MAKER else role.value
+    invocation = "maker:0" if role == LoopRole.MAKER else role.value
     wire = [
         {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
         for i, (n, a) in enumerate(calls)

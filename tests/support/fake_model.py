@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from runtime.invocation import InvocationOutcome, InvocationRequest, Role
+from runtime.invocation import InvocationOutcome, InvocationRequest, LoopRole
 from runtime.loop import LoopSettings, ToolLoopInvoker
 from runtime.policy import ToolPolicy
 from runtime.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
@@ -178,7 +178,7 @@ class RecordingTool:
 def make_request(**overrides: Any) -> InvocationRequest:
     values: dict[str, Any] = {
         "run_id": uuid.uuid4(),
-        "role": Role.MAKER,
+        "role": LoopRole.MAKER,
         "invocation": "maker:0",
         "employee_username": "ada",
         "goal": "Do the thing.",

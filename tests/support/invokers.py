@@ -17,8 +17,8 @@ from django.db import connection, transaction
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    LoopRole,
     OutcomeKind,
-    Role,
     StepJournal,
 )
 
@@ -96,10 +96,10 @@ class SideEffectInvoker:
             await journal.complete(seq, response={"applied": applied, "key": key})
         return InvocationOutcome(kind=OutcomeKind.COMPLETED, output=self._output(request.role))
 
-    def _output(self, role: Role) -> dict[str, Any]:
-        if role == Role.LEADER:
+    def _output(self, role: LoopRole) -> dict[str, Any]:
+        if role == LoopRole.LEADER:
             return {"tasks": [{"title": "do it"}]}
-        if role == Role.VERIFIER:
+        if role == LoopRole.VERIFIER:
             return {"verdict": self.verdict, "reasons": ["scripted"], "checks": []}
         return {"summary": "done"}
 
