@@ -86,7 +86,7 @@ def _ours_loop(owner: str, audit: bool, batch: int) -> int:
 
     from loops.models import LoopRun, RunStatus
     from loops.services.claims import run_claim
-    from loops.services.transitions import run_transition
+    from loops.services.endings import run_transition
 
     done = 0
     while True:

@@ -70,7 +70,7 @@ def _seed_cron(count: int, prefix: str, expression: str | None, now: datetime) -
     from django.db import connection
 
     from loops.models import CronSchedule, LoopPattern
-    from loops.triggers.scheduler import schedule_new
+    from loops.services.schedules import schedule_new
 
     rng = random.Random(f"{prefix}-{count}")
     patterns = LoopPattern.objects.bulk_create(

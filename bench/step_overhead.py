@@ -81,7 +81,10 @@ class StepInvoker:
         self.verdicts: set[uuid.UUID] = set()
         self.lock = threading.Lock()
 
-    async def invoke(self, request: Any, journal: Any) -> Any:
+    async def prepare(self, request: Any, journal: Any) -> None:
+        return None
+
+    async def invoke(self, request: Any, journal: Any, prepared: Any = None) -> Any:
         from loops.worker.invoker import role_tool_policy
         from runtime.loop import LoopSettings, ToolLoopInvoker
         from runtime.prompts import default_system_prompt

@@ -15,6 +15,7 @@ from typing import Any
 from django import forms
 
 from loops.models import AutonomyLevel, LoopPattern, MissedFirePolicy, TriggerType
+from runtime.tools.files import builtin_file_tools
 from runtime.types import Effect
 
 
@@ -193,8 +194,6 @@ class DraftForm(forms.Form):
 
 def default_tools_json() -> str:
     """The builtin file tools as the compile preview's starting tool list."""
-    from runtime.tools.files import builtin_file_tools
-
     tools = [
         {"name": tool.spec.name, "effect": tool.spec.effect.value} for tool in builtin_file_tools()
     ]

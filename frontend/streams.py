@@ -1,12 +1,10 @@
 """Live updates for the UI as server-sent events (``text/event-stream``).
 
-Each stream is a *feed* polled against the database (the source of truth) every
-``SSE_POLL_SECONDS``; what changed goes out as ``id:``/``event:``/``data:`` messages whose data is
-JSON, carrying the HTML fragment rendered by the same template as the page, so the browser only
-swaps elements. A comment line is sent as a heartbeat when nothing else was sent for
-``SSE_HEARTBEAT_SECONDS``, and a stream ends after ``SSE_MAX_SECONDS`` (the browser's
-EventSource reconnects and sends ``Last-Event-ID``; a reconnect is exact because it re-reads the
-database from that point).
+Each stream is a *feed* polled against the database (the source of truth) by the platform's
+transport (``orchestrator.sse``: pacing, heartbeats, lifetime, ASGI and WSGI); what changed goes
+out as messages whose data is JSON carrying the HTML fragment rendered by the same template as
+the page, so the browser only swaps elements. A reconnect (``Last-Event-ID``) is exact because
+it re-reads the database from that point.
 
 - ``/ui/stream/runs`` (the monitor): a run whose events or steps changed is sent as ``run``
   (or ``run-gone`` when it no longer matches the page's filters), the waiting/in-flight counts as
@@ -20,97 +18,35 @@ database from that point).
   which is written under the run's row lock, so seq order is commit order), ``step`` for a new or
   changed step (steps still open are re-read until they finish), ``run`` for the header, then
   ``done`` once the run is terminal and quiet.
-
-Under ASGI the stream is an async generator that polls through ``sync_to_async``; under WSGI
-(the test live server, or a WSGI deployment) it is a plain generator in the request's thread,
-which gives back its database connection after every poll so an idle stream holds none.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.core.handlers.asgi import ASGIRequest
-from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from frontend import selectors
 from frontend.access import ui_view
+from frontend.selectors import approvals, runs
+from frontend.views.approvals import queue_context
 from frontend.views.runs import run_header_context
 from loops import state
 from loops.models import LoopEvent, LoopRun, LoopStep
+from orchestrator import sse
+from orchestrator.sse import Message
 
-logger = logging.getLogger(__name__)
-
-DEFAULTS: dict[str, float] = {
-    "SSE_POLL_SECONDS": 1.0,
-    "SSE_HEARTBEAT_SECONDS": 15.0,
-    "SSE_MAX_SECONDS": 300.0,
-    "SSE_RETRY_MS": 2000,
-}
 #: How far behind its cursor the runs feed re-reads ids (late commits, see the module doc).
 LOOKBACK = 100
 #: Rows older than this when a stream starts are taken as already on the page (see _Scan).
 GRACE = timedelta(seconds=10)
 BATCH = 1000
 _TERMINAL = frozenset(s.value for s in state.TERMINAL)
-
-
-@dataclass(frozen=True)
-class Timing:
-    poll: float
-    heartbeat: float
-    lifetime: float
-    retry_ms: int
-
-
-def stream_timing() -> Timing:
-    """From ``settings.LOOPWRIGHT_UI`` (optional) over :data:`DEFAULTS`."""
-    conf = {**DEFAULTS, **getattr(settings, "LOOPWRIGHT_UI", {})}
-    return Timing(
-        poll=float(conf["SSE_POLL_SECONDS"]),
-        heartbeat=float(conf["SSE_HEARTBEAT_SECONDS"]),
-        lifetime=float(conf["SSE_MAX_SECONDS"]),
-        retry_ms=int(conf["SSE_RETRY_MS"]),
-    )
-
-
-@dataclass(frozen=True)
-class Message:
-    """One server-sent event; ``data`` is JSON on a single line."""
-
-    event: str
-    data: dict[str, Any]
-    id: str | None = None
-
-    def encode(self) -> bytes:
-        lines = [] if self.id is None else [f"id: {self.id}"]
-        lines.append(f"event: {self.event}")
-        lines.append("data: " + json.dumps(self.data, cls=DjangoJSONEncoder, separators=(",", ":")))
-        return ("\n".join(lines) + "\n\n").encode()
-
-
-class Feed(Protocol):
-    finished: bool
-
-    def poll(self) -> list[Message]: ...
-
-    def farewell(self) -> Message: ...
 
 
 # --- The monitor's feed -----------------------------------------------------------------------
@@ -130,40 +66,40 @@ class _Scan:
     first: bool = True
 
     def changed_runs(self, model: type[LoopEvent] | type[LoopStep]) -> set[uuid.UUID]:
-        rows = selectors.rows_after(model, max(0, self.high - LOOKBACK), BATCH)
+        rows = runs.rows_after(model, max(0, self.high - LOOKBACK), BATCH)
         if self.first:
             self.first = False
             settled = timezone.now() - GRACE
             self.seen = {i for i, _, at in rows if i <= self.high and at < settled}
-        runs = {run_id for row_id, run_id, _ in rows if row_id not in self.seen}
+        changed = {run_id for row_id, run_id, _ in rows if row_id not in self.seen}
         self.seen.update(row_id for row_id, _, _ in rows)
         if rows:
             self.high = max(self.high, rows[-1][0])
         self.seen = {i for i in self.seen if i > self.high - LOOKBACK}
-        return runs
+        return changed
 
 
 class RunsFeed:
     """Runs that changed (new events or steps) since the cursor, and the waiting counts."""
 
     def __init__(
-        self, request: HttpRequest, filters: selectors.RunFilters, cursor: selectors.ChangeCursor
+        self, request: HttpRequest, filters: runs.RunFilters, cursor: runs.ChangeCursor
     ) -> None:
         self.request = request
         self.filters = filters
         self.events = _Scan(cursor.event_id)
         self.steps = _Scan(cursor.step_id)
-        self.counts: selectors.RunCounts | None = None
+        self.counts: runs.RunCounts | None = None
         self.finished = False
 
     @property
     def cursor(self) -> str:
-        return selectors.ChangeCursor(self.events.high, self.steps.high).encode()
+        return runs.ChangeCursor(self.events.high, self.steps.high).encode()
 
     def poll(self) -> list[Message]:
         changed = self.events.changed_runs(LoopEvent) | self.steps.changed_runs(LoopStep)
-        out = [self._run_message(run) for run in selectors.runs_by_ids(changed)]
-        counts = selectors.run_counts()
+        out = [self._run_message(run) for run in runs.runs_by_ids(changed)]
+        counts = runs.run_counts()
         if counts != self.counts:
             self.counts = counts
             html = render_to_string("frontend/runs/_counts.html", {"counts": counts})
@@ -200,9 +136,7 @@ class ApprovalsFeed:
         self.finished = False
 
     def poll(self) -> list[Message]:
-        from frontend.views.approvals import queue_context, queue_version
-
-        version = queue_version()
+        version = approvals.queue_version()
         if version == self.version:
             return []
         self.version = version
@@ -239,7 +173,7 @@ class RunFeed:
         self.finished = False
 
     def poll(self) -> list[Message]:
-        current = selectors.run_state(self.run_id)
+        current = runs.run_state(self.run_id)
         if current is None:
             self.finished = True
             return [Message("done", {"status": "deleted"})]
@@ -255,7 +189,7 @@ class RunFeed:
 
     def _events(self) -> list[Message]:
         out = []
-        for event in selectors.run_events(self.run_id, after_seq=self.event_seq):
+        for event in runs.run_events(self.run_id, after_seq=self.event_seq):
             html = render_to_string("frontend/runs/_event.html", {"event": event})
             data = {"seq": event.seq, "type": event.type, "html": html}
             out.append(Message("event", data, id=str(event.seq)))
@@ -265,12 +199,12 @@ class RunFeed:
     def _steps(self) -> list[Message]:
         bindings: dict[str, Any] | None = None
         out = []
-        for step in selectors.run_steps(
+        for step in runs.run_steps(
             self.run_id, after_seq=self.step_seq, seqs=sorted(self.open_steps)
         ):
             key = (step.status, step.finished_at)
             self.step_seq = max(self.step_seq, step.seq)
-            if step.status in selectors.OPEN_STEP_STATUSES:
+            if step.status in runs.OPEN_STEP_STATUSES:
                 self.open_steps.add(step.seq)
             else:
                 self.open_steps.discard(step.seq)
@@ -278,12 +212,12 @@ class RunFeed:
                 continue
             self.step_states[step.seq] = key
             if bindings is None:
-                bindings = selectors.run_detail(self.run_id).role_bindings or {}
+                bindings = runs.run_detail(self.run_id).role_bindings or {}
             out.append(self._step_message(step, bindings))
         return out
 
     def _step_message(self, step: LoopStep, bindings: dict[str, Any]) -> Message:
-        group = selectors.invocation_group(step.invocation, step.role, bindings)
+        group = runs.invocation_group(step.invocation, step.role, bindings)
         data = {
             "seq": step.seq,
             "status": step.status,
@@ -299,7 +233,7 @@ class RunFeed:
         if key == self.header_key:
             return None
         self.header_key = key
-        run = selectors.run_detail(self.run_id)
+        run = runs.run_detail(self.run_id)
         context = run_header_context(self.request, run)
         data = {
             "status": run.status,
@@ -318,137 +252,22 @@ class RunFeed:
         return Message("bye", {}, id=str(self.event_seq))
 
 
-# --- Transport --------------------------------------------------------------------------------
+# --- Views -----------------------------------------------------------------------------------
 
 
-class _OpenStreams:
-    """How many streams are open in this process (for operations, and for tests to wait on)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = 0
-
-    def add(self, delta: int) -> None:
-        with self._lock:
-            self._count += delta
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return self._count
-
-
-OPEN_STREAMS = _OpenStreams()
-
-
-class _Pacer:
-    """Decides when to send a heartbeat and when the stream has lived long enough."""
-
-    def __init__(self, timing: Timing) -> None:
-        self.timing = timing
-        self.started = self.last_sent = time.monotonic()
-
-    def chunks(self, batch: list[Message]) -> list[bytes]:
-        now = time.monotonic()
-        out = [message.encode() for message in batch]
-        if not out and now - self.last_sent >= self.timing.heartbeat:
-            out.append(b": keepalive\n\n")
-        if out:
-            self.last_sent = now
-        return out
-
-    @property
-    def expired(self) -> bool:
-        return time.monotonic() - self.started >= self.timing.lifetime
-
-
-def _poll(feed: Feed) -> list[Message] | None:
-    """One poll; None when it failed (the stream then ends and the browser reconnects)."""
-    try:
-        return feed.poll()
-    except Exception:
-        logger.exception("live stream poll failed")
-        return None
-
-
-def _release_connection() -> None:
-    """Give back this thread's connection (unless a transaction, e.g. a test's, holds it)."""
-    if not connection.in_atomic_block:
-        connection.close()
-
-
-def _poll_releasing(feed: Feed) -> list[Message] | None:
-    try:
-        return _poll(feed)
-    finally:
-        _release_connection()
-
-
-def sync_events(feed: Feed, timing: Timing) -> Iterator[bytes]:
-    """The WSGI stream. A closed connection shows when a write fails (at the latest at the next
-    heartbeat); the server then closes this generator."""
-    pacer = _Pacer(timing)
-    OPEN_STREAMS.add(1)
-    try:
-        yield f"retry: {timing.retry_ms}\n\n".encode()
-        while not pacer.expired:
-            batch = _poll_releasing(feed)
-            if batch is None:
-                return
-            yield from pacer.chunks(batch)
-            if feed.finished:
-                return
-            time.sleep(timing.poll)
-        yield feed.farewell().encode()
-    finally:
-        OPEN_STREAMS.add(-1)
-
-
-async def async_events(feed: Feed, timing: Timing) -> AsyncIterator[bytes]:
-    """The ASGI stream; Django cancels it when the client disconnects."""
-    pacer = _Pacer(timing)
-    OPEN_STREAMS.add(1)
-    try:
-        yield f"retry: {timing.retry_ms}\n\n".encode()
-        while not pacer.expired:
-            batch = await sync_to_async(_poll)(feed)
-            if batch is None:
-                return
-            for chunk in pacer.chunks(batch):
-                yield chunk
-            if feed.finished:
-                return
-            await asyncio.sleep(timing.poll)
-        yield feed.farewell().encode()
-    finally:
-        OPEN_STREAMS.add(-1)
-        await sync_to_async(_release_connection)()
-
-
-def event_stream(request: HttpRequest, feed: Feed) -> StreamingHttpResponse:
-    """The streaming response: async under ASGI, a plain generator under WSGI."""
-    get_token(request)  # fragments carry forms: make sure the CSRF cookie exists
-    timing = stream_timing()
-    if isinstance(request, ASGIRequest):
-        response = StreamingHttpResponse(async_events(feed, timing))
-    else:
-        response = StreamingHttpResponse(sync_events(feed, timing))
-    response["Content-Type"] = "text/event-stream; charset=utf-8"
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # tell nginx-style proxies not to buffer
-    return response
-
-
-def _last_event_id(request: HttpRequest, fallback_param: str) -> str:
-    return request.headers.get("Last-Event-ID") or request.GET.get(fallback_param, "")
+def event_stream(request: HttpRequest, feed: sse.Feed) -> StreamingHttpResponse:
+    """The feed as a server-sent-events response; fragments carry forms, so the CSRF cookie is
+    set first."""
+    get_token(request)
+    return sse.event_stream(request, feed)
 
 
 @ui_view()
 def runs_stream(request: HttpRequest) -> StreamingHttpResponse:
     """The monitor's live feed; the same filters as the page (``status``, ``pattern``...)."""
-    filters = selectors.RunFilters.from_query(request.GET)
-    cursor = selectors.ChangeCursor.decode(_last_event_id(request, "since"))
-    feed = RunsFeed(request, filters, cursor or selectors.change_cursor_now())
+    filters = runs.RunFilters.from_query(request.GET)
+    cursor = runs.ChangeCursor.decode(sse.last_event_id(request, "since"))
+    feed = RunsFeed(request, filters, cursor or runs.change_cursor_now())
     return event_stream(request, feed)
 
 
@@ -466,12 +285,12 @@ def _int(value: str) -> int:
 def run_stream(request: HttpRequest, run_id: str) -> StreamingHttpResponse:
     """A run page's live feed: events after ``Last-Event-ID`` (or ``?after=``), steps after
     ``?steps=`` plus the ``?open=`` steps that were unfinished when the page was drawn."""
-    run = selectors.run_detail(selectors.parse_run_id(run_id))
+    run = runs.run_detail(runs.parse_run_id(run_id))
     open_steps = {int(s) for s in request.GET.get("open", "").split(",") if s.isdigit()}
     feed = RunFeed(
         request,
         run.id,
-        after_event=_int(_last_event_id(request, "after")),
+        after_event=_int(sse.last_event_id(request, "after")),
         after_step=_int(request.GET.get("steps", "")),
         open_steps=open_steps,
     )

@@ -11,8 +11,8 @@ Rules, in order (the first that applies decides):
    else ask.
 
 The effective effect of a tool is the more severe of the effect its spec declares and the one
-``tools.effects`` gives it. Effects are the trust tiers of spec/004: read (no gate), write (a human
-gate unless trusted), external = high-risk (gated, and run under the pattern's own identity).
+``tools.effects`` gives it. Effects are trust tiers: read (no gate), write (a human gate unless
+trusted), external = high-risk (gated, and run under the pattern's own identity).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Two shapes of the same settings live here:
 - :class:`HarnessSettings` is what compilation produces: every field present, ready for the run
   engine to read without ``None`` checks.
 
-Keys are camelCase in JSON (as in the spec) and snake_case in Python, through pydantic aliases.
+Keys are camelCase in JSON and snake_case in Python, through pydantic aliases.
 Validation is strict: unknown keys, wrong types (no ``"5"`` for 5, no ``1`` for true) and values
 out of range are refused, and :func:`settings_problems` reports every problem with a JSON Pointer
 to the offending field. This module is pure: no Django, no database.

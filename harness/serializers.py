@@ -1,6 +1,6 @@
 """Input and output shapes of the harness API. Settings are validated by the services (pydantic).
 
-Resource fields are snake_case like the rest of the API; settings keep the spec's camelCase, and
+Resource fields are snake_case like the rest of the API; settings keep their camelCase keys, and
 the compile preview answers ``{profile, settings, provenance, layers, toolPlan}``.
 """
 

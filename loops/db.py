@@ -1,7 +1,12 @@
-"""Small vendor-specific SQL pieces for the hot paths (claims, leases, fenced writes).
+"""The loops app's database access: batched writes and the switch between a write's paths.
 
-All lease arithmetic uses the database clock, never a worker's: a worker whose clock drifts
-cannot extend or steal a lease (docs/reliability.md D5).
+A write with a fast path (batched statements, one round trip on PostgreSQL) chooses it in one
+place, its store function: ``if fast_path_available(): try the fast path, except NotPlain`` then
+the exact path (every limit judged, one statement after the other). :func:`exact_path_forced`
+turns every fast path off (the tests' ``write_path`` fixture runs each write both ways).
+
+The vendor helpers (``now_sql``, ``placeholders``…) live in :mod:`orchestrator.sql`, Django's
+private ORM internals in :mod:`loops.orm_private`.
 """
 
 from __future__ import annotations
@@ -18,128 +23,52 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import F, Field, Model, Q, Value
-from django.db.models.expressions import CombinedExpression, RawSQL
-from django.db.models.sql import UpdateQuery
+from django.db import connection, transaction
+from django.db.models import Field, Model
 from psycopg.adapt import Transformer
 
+from loops.orm_private import log_query, queries_logged
+from orchestrator.sql import is_postgres
 
-@functools.cache
-def is_postgres() -> bool:
-    """Every thread's connection is to the one configured database (looked up once: the
-    connection proxy's per-thread lookup costs more than the statements it would shape)."""
-    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+# --- the choice between a write's paths ---------------------------------------------------------
 
 
-def now_sql() -> str:
-    """The database's current time, in the storage format Django uses for the vendor."""
-    if is_postgres():
-        # Wall-clock time of the statement, not of the transaction's start.
-        return "clock_timestamp()"
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+class NotPlain(Exception):
+    """A fast path met a case it does not handle (a limit to judge, a tool-loop verdict, an
+    approved call, a value only the ORM's compiler builds): it wrote nothing (its transaction is
+    rolled back) and the write's exact path runs instead."""
 
 
-def now_plus_sql() -> str:
-    """Database time plus a number of seconds given as one parameter (see ``seconds_param``)."""
-    if is_postgres():
-        return "(clock_timestamp() + make_interval(secs => %s))"
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+class _Switch:
+    """Whether every write is held to its exact path (process-wide: the driver's database
+    threads see what the test set)."""
+
+    exact_forced = False
 
 
-def seconds_param(seconds: float) -> Any:
-    return float(seconds) if is_postgres() else f"{float(seconds):+.3f} seconds"
+_switch = _Switch()
 
 
-def placeholders(values: Sequence[Any]) -> str:
-    """``%s, %s, ...`` for an IN list (SQLite has no array parameters)."""
-    return ", ".join(["%s"] * len(values))
+@contextlib.contextmanager
+def exact_path_forced() -> Iterator[None]:
+    """Within the block every write takes its exact path and batches run statement by
+    statement (for tests that cover both paths of a write)."""
+    before, _switch.exact_forced = _switch.exact_forced, True
+    try:
+        yield
+    finally:
+        _switch.exact_forced = before
 
 
-def skip_locked() -> str:
-    """Row locking for claim queries; SQLite serialises writers (IMMEDIATE) instead."""
-    return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+def fast_path_available() -> bool:
+    """May a write try its batched path before its exact one? (Always, unless forced off.)"""
+    return not _switch.exact_forced
 
 
-def for_update() -> str:
-    return " FOR UPDATE" if is_postgres() else ""
-
-
-def uuid_param(value: Any) -> Any:
-    """UUIDs are native on PostgreSQL and stored as 32-char hex text on SQLite."""
-    return value if is_postgres() else value.hex
-
-
-def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
-
-
-def execute(sql: str, params: Sequence[Any]) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
-
-
-def time_in(seconds: float) -> RawSQL:
-    """``now + seconds`` on the database clock, for ``update()`` (a worker's clock may drift)."""
-    return RawSQL(now_plus_sql(), [seconds_param(seconds)])  # noqa: S611 - constant SQL
-
-
-def time_now() -> RawSQL:
-    return RawSQL(now_sql(), [])  # noqa: S611 - constant SQL
-
-
-# --- ORM-shaped statements for batches ----------------------------------------------------------
-
-
-def update_sql(model: type[Model], values: dict[str, Any], **filters: Any) -> tuple[str, list[Any]]:
-    """The ``UPDATE`` that ``model.objects.filter(**filters).update(**values)`` would send
-    (values prepared by their fields, expressions compiled), to send in a :class:`Batch`."""
-    query = UpdateQuery(model)
-    query.add_update_values(values)
-    query.add_q(Q(**filters))
-    sql, params = query.get_compiler(DEFAULT_DB_ALIAS).as_sql()
-    return sql, list(params)
-
-
-def set_clause(model: type[Model], values: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``SET`` assignments for ``values`` the way Django's ``update()`` sends them, built
-    without the ORM's compiler for what the engine writes (plain values, ``F(field) + n``,
-    :class:`RawSQL`); anything else goes through the compiler (:func:`update_sql`)."""
-    parts, params = [], []
-    meta = model._meta
-    for name, value in values.items():
-        field = meta.get_field(name)
-        assert isinstance(field, Field)
-        column = connection.ops.quote_name(field.column)
-        if isinstance(value, RawSQL):
-            parts.append(f"{column} = {value.sql}")
-            params.extend(value.params)
-        elif _is_increment(value):
-            parts.append(f"{column} = {column} + %s")
-            params.append(value.rhs.value)
-        elif hasattr(value, "resolve_expression"):
-            raise NeedsCompiler(name)
-        else:
-            parts.append(f"{column} = %s")
-            params.append(field.get_db_prep_save(value, connection))
-    return ", ".join(parts), params
-
-
-class NeedsCompiler(Exception):
-    """A value :func:`set_clause` does not build (an ORM expression other than its own)."""
-
-
-def _is_increment(value: Any) -> bool:
-    return (
-        isinstance(value, CombinedExpression)
-        and value.connector == "+"
-        and isinstance(value.lhs, F)
-        and isinstance(value.rhs, Value)
-        and isinstance(value.rhs.value, int)
-    )
+def batches_are_sent_together() -> bool:
+    """Do :func:`batch`'s statements travel together (PostgreSQL, outside an atomic block,
+    fast paths on)? The one-round-trip variants of a write need it."""
+    return is_postgres() and not connection.in_atomic_block and not _switch.exact_forced
 
 
 def prepared(model: type[Model], name: str, value: Any) -> Any:
@@ -147,11 +76,6 @@ def prepared(model: type[Model], name: str, value: Any) -> Any:
     field = model._meta.get_field(name)
     assert isinstance(field, Field)
     return field.get_db_prep_save(value, connection)
-
-
-def batches_are_sent_together() -> bool:
-    """Do :func:`batch`'s statements travel together (PostgreSQL, outside an atomic block)?"""
-    return is_postgres() and not connection.in_atomic_block
 
 
 # --- batches: one transaction, as few network round trips as possible ---------------------------
@@ -175,13 +99,6 @@ _counters = _Counters()
 def round_trips() -> int:
     """Network round trips this thread's batches made so far (for tests and benchmarks)."""
     return _counters.round_trips
-
-
-def _log(sql: str, started: float) -> None:
-    """Record a statement the way Django's debug cursor does, so ``CaptureQueriesContext``
-    (and the statement-count tests) see what a pipelined batch sent."""
-    if connection.queries_logged:
-        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
 class Batch:
@@ -208,12 +125,10 @@ class _SentTogether(Batch):
     caller that must read a result before deciding what to write next.
 
     Each statement is prepared once per connection (``PREPARE lw_<digest>``, sent with its
-    first use) and executed by name, so the server plans it once instead of at every write:
-    planning is a large part of what these short statements cost the server. The arguments of
-    each ``EXECUTE`` are rendered as literals when the statement is added, by psycopg's own
-    adapters (what its client-side binding cursor does); the query then goes out as it is, so
-    psycopg does not re-parse the whole multi-statement text for placeholders at every write
-    (it caches that only for short queries, and it was a seventh of a step's CPU)."""
+    first use) and executed by name, so the server plans it once. The arguments of each
+    ``EXECUTE`` are rendered as literals when the statement is added, by psycopg's own adapters
+    (as its client-side binding cursor does), and the query goes out as it is, with no
+    client-side parse for placeholders (docs/performance.md)."""
 
     def __init__(self, raw: Any) -> None:
         self.cursor = psycopg.ClientCursor(raw)  # the simple protocol: many statements
@@ -222,7 +137,7 @@ class _SentTogether(Batch):
         self.preparing: set[str] = set()
         self.queued: list[tuple[bytes, Result | None]] = [(b"BEGIN", None)]
         self.started = time.monotonic()
-        self.logged = connection.queries_logged  # read once: the proxy lookup is not free
+        self.logged = queries_logged()  # read once: the proxy lookup is not free
 
     def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
         result = Result()
@@ -237,7 +152,7 @@ class _SentTogether(Batch):
             statement += b"(" + b", ".join(values) + b")"
         self.queued.append((statement, result))
         if self.logged:
-            _log(sql, self.started)
+            log_query(sql, self.started)
         return result
 
     def sync(self) -> None:

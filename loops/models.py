@@ -331,7 +331,7 @@ class UsageBucket(models.Model):
 
 
 class CircuitState(models.Model):
-    """Breaker state per key (a pattern, or a model endpoint), shared by every process."""
+    """A pattern's circuit breaker (key ``pattern:<pattern key>``), shared by every process."""
 
     key = models.CharField(max_length=200, unique=True)
     state = models.CharField(max_length=10, default="closed")

@@ -1,5 +1,5 @@
 """What each role must return: the leader's plan and the verifier's verdict (JSON Schemas), and
-the rule that turns an incomplete verdict into an escalation (DESIGN.md §3)."""
+the rule that turns an incomplete verdict into an escalation."""
 
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ from loops.models import (
     MissedFirePolicy,
     TriggerType,
 )
+from loops.services.budgets import run_budget_usage
+from loops.triggers.scheduler import pattern_next_fire_at
 
 
 class PatternSerializer(serializers.ModelSerializer[LoopPattern]):
@@ -51,8 +53,6 @@ class PatternSerializer(serializers.ModelSerializer[LoopPattern]):
         read_only_fields = ["version", "created_by", "created_at", "updated_at"]
 
     def get_next_fire_at(self, pattern: LoopPattern) -> datetime | None:
-        from loops.triggers.scheduler import pattern_next_fire_at
-
         return pattern_next_fire_at(pattern)
 
     def validate_policy(self, value: Any) -> Any:
@@ -117,8 +117,6 @@ class RunDetailSerializer(RunSerializer):
         read_only_fields = fields
 
     def get_budget_usage(self, obj: LoopRun) -> dict[str, Any]:
-        from loops.services.budgets import run_budget_usage
-
         return run_budget_usage(obj)
 
 

@@ -1,7 +1,7 @@
 """The run state machine: one table of allowed transitions, pure and database-free.
 
 ``queued → preparing → waiting_lock → running → waiting_approval → verifying → waiting_human →
-succeeded | failed | canceled``, plus ``paused`` and ``blocked`` (DESIGN.md §2). Parked states
+succeeded | failed | canceled``, plus ``paused`` and ``blocked`` (docs/runs.md). Parked states
 (waiting_approval, waiting_human, paused, blocked) hold no lease; a parked run that may go on is
 put back to ``queued`` and claimed like a new one.
 """

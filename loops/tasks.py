@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import logging
 import uuid
+from time import monotonic
 from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
+
+from loops.services.approvals import approvals_expire
+from loops.services.claims import runs_reap
+from loops.services.notifications import deliver_approval_notifications
+from loops.triggers import scheduler
+from loops.worker.driver import get_driver, stop_driver
+from orchestrator.heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name="loops.drive_run", ignore_result=True, time_limit=30, acks_late=False)
 def drive_run(run_id: str) -> None:
-    from loops.worker.driver import get_driver
-
     try:
         parsed = uuid.UUID(run_id)
     except ValueError:
@@ -35,9 +41,6 @@ def drive_run(run_id: str) -> None:
 
 @shared_task(name="loops.reap", ignore_result=True, time_limit=120, expires=30)
 def reap() -> None:
-    from loops.services.approvals import approvals_expire
-    from loops.services.claims import runs_reap
-
     approvals_expire()
     report = runs_reap()
     if report.requeued or report.failed or report.locks_freed:
@@ -51,8 +54,6 @@ def reap() -> None:
 
 @shared_task(name="loops.notify_approvals", ignore_result=True, time_limit=60)
 def notify_approvals_task(approval_ids: list[str]) -> None:
-    from loops.services.notifications import deliver_approval_notifications
-
     deliver_approval_notifications(approval_ids)
 
 
@@ -60,15 +61,10 @@ def notify_approvals_task(approval_ids: list[str]) -> None:
 def _start_driver(sender: Any = None, **kwargs: Any) -> None:
     """Start polling for due runs as soon as the worker is up, not at the first nudge; then
     keep what the process loaded out of later garbage collections (``orchestrator.heap``)."""
-    from loops.worker.driver import get_driver
-    from orchestrator.heap import freeze_startup_heap
-
     # A worker of other queues only (a skills worker: ``-Q skills``) drives no runs.
     consumed = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
     names = set((getattr(consumed, "consume_from", None) or {}).keys())
     if not names or "loops" in names:
-        import loops.worker.engine  # noqa: F401  (imported by the first run otherwise)
-
         get_driver()
     freeze_startup_heap()
 
@@ -76,8 +72,6 @@ def _start_driver(sender: Any = None, **kwargs: Any) -> None:
 @worker_shutting_down.connect
 def _drain_driver(sender: Any = None, **kwargs: Any) -> None:
     """SIGTERM: stop claiming, let runs finish for the drain period, release the rest."""
-    from loops.worker.driver import stop_driver
-
     stop_driver()
 
 
@@ -91,13 +85,9 @@ def cron_tick() -> None:
     Safe to run twice at once or to lose: due times live in the database, not in the message.
     The scan for stale schedule rows runs at most once a minute per worker process.
     """
-    from time import monotonic
-
-    from loops.triggers.scheduler import cron_tick as tick
-
     resync = monotonic() - _last_cron_resync[0] >= 60
     if resync:
         _last_cron_resync[0] = monotonic()
-    report = tick(resync=resync)
+    report = scheduler.cron_tick(resync=resync)
     if report.started or report.refused or report.errors or report.missed or report.synced:
         logger.info("cron tick: %s", report.as_dict())

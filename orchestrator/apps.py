@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from orchestrator import guard
+
 
 class OrchestratorConfig(AppConfig):
     name = "orchestrator"
@@ -9,6 +11,4 @@ class OrchestratorConfig(AppConfig):
 
     def ready(self) -> None:
         # The outbound policy and the secret rule of this process come from the settings.
-        from orchestrator import guard
-
         guard.apply()

@@ -21,9 +21,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
 django_application = get_asgi_application()
 
 # Django must be set up (above) before the Skill Hub's modules are imported.
+from django.urls import get_resolver  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount, Route  # noqa: E402
 
+from orchestrator.heap import freeze_startup_heap  # noqa: E402
 from skillhub.mcp import mcp_asgi  # noqa: E402
 
 mcp_application, mcp_endpoint = mcp_asgi()
@@ -31,10 +33,6 @@ mcp_application, mcp_endpoint = mcp_asgi()
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    from django.urls import get_resolver
-
-    from orchestrator.heap import freeze_startup_heap
-
     async with mcp_endpoint.running():
         # The URLconf imports every view, serializer and form now, not at the first requests;
         # then no full collection walks what the app loaded again.

@@ -1,6 +1,6 @@
 """A circuit breaker per model endpoint, with its state shared by every worker process.
 
-States and transitions (spec/001 "Failover and Circuit Breaking"):
+States and transitions (docs/model-client.md "The circuit breaker"):
 
 - ``closed``: calls go through. When a call exhausts its retries the breaker *trips*: ``open``
   with the base cooldown (default 60 s).

@@ -4,9 +4,9 @@ One request shape: ``POST`` a JSON body, read the whole answer. Connections are 
 origin (scheme, host, port) on the event loop that made them; the protocol itself (framing,
 ``Content-Length`` or chunked bodies, keep-alive rules) is ``h11``'s, the library httpx's own
 HTTP/1.1 transport is built on. What it leaves out is httpx's generality (auth flows, redirects,
-cookies, proxies, HTTP/2, the transport and pool layers over anyio), which cost more CPU per call
-than the rest of a tool-loop step (``docs/performance.md``). The model client uses it only where
-that generality is not needed: a pooled event loop, an ``http``/``https`` URL.
+cookies, proxies, HTTP/2, the transport and pool layers over anyio; ``docs/performance.md`` says
+why). The model client uses it only where that generality is not needed: a pooled event loop,
+an ``http``/``https`` URL.
 
 Every new connection goes through the outbound guard (``runtime/outbound.py``):
 the host is resolved, every address checked against the policy, and the connection made to a

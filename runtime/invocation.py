@@ -5,18 +5,22 @@ run's state; an invoker carries one invocation out and persists every step throu
 :class:`StepJournal` the engine hands it. The journal's writes are fenced by the run's lease, so
 an invoker whose worker lost the lease cannot write (it gets :class:`LeaseLost`).
 
-The agent runtime (``runtime``) implements :class:`RoleInvoker`. Until it is
-configured, :class:`UnavailableInvoker` fails runs with a clear reason: nothing pretends to be
-an agent.
+Every method the engine calls on an invoker or the invoker calls on a journal is declared on
+:class:`RoleInvoker` and :class:`StepJournal`. The tool loop (``runtime.loop``) is a
+:class:`RoleInvoker`; until one is configured, :class:`UnavailableInvoker` fails runs with a
+clear reason: nothing pretends to be an agent.
 """
 
 from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class LeaseLost(Exception):
@@ -250,23 +254,45 @@ class StepJournal(Protocol):
         """
         ...
 
+    async def db_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on a thread that may use the database (the engine's pooled
+        connections), for an invoker's own blocking reads; never on the event loop."""
+        ...
+
 
 class RoleInvoker(Protocol):
-    """Carries out invocations. An invoker may also offer ``prepare(request, journal)``, an
-    awaitable of whatever it reads before it can start (an employee's profile, say): the engine
-    then runs it while it begins the invocation, and passes its result to
-    ``invoke(request, journal, prepared=...)``."""
+    """Carries out invocations.
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    The engine first starts ``prepare`` (what the invoker reads before it can start: an
+    employee's profile, say) while it begins the invocation, then passes its result to
+    ``invoke`` as ``prepared``. An invoker with nothing to read returns None
+    (:class:`NothingToPrepare`)."""
+
+    async def prepare(self, request: InvocationRequest, journal: StepJournal) -> Any:
+        """What ``invoke`` needs read first; None when nothing."""
+        ...
+
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         """Carry out one invocation. Let LeaseLost and RunHalted through (ToolCallRefused is the
         journal's answer to one call, not the invocation's); never swallow cancellation."""
         ...
 
 
-class UnavailableInvoker:
+class NothingToPrepare:
+    """The ``prepare`` of an invoker that reads nothing before it starts."""
+
+    async def prepare(self, request: InvocationRequest, journal: StepJournal) -> None:
+        return None
+
+
+class UnavailableInvoker(NothingToPrepare):
     """The default until an agent runtime is configured: fails the run and says why."""
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         return InvocationOutcome(
             kind=OutcomeKind.FAILED,
             code="no_agent_runtime",

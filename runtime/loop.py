@@ -44,6 +44,7 @@ from runtime.history import (
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    NothingToPrepare,
     OutcomeKind,
     RetryLater,
     StepJournal,
@@ -105,7 +106,7 @@ def _park_delay(exc: ModelCallFailed) -> float:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """Limits of one invocation; defaults from spec/000 and DESIGN.md §4."""
+    """Limits of one invocation (docs/tool-loop.md "Limits and defaults")."""
 
     max_steps: int = 12
     tool_concurrency: int = 4
@@ -216,7 +217,7 @@ class Conversation:
         return Phase.NORMAL
 
 
-class ToolLoopInvoker:
+class ToolLoopInvoker(NothingToPrepare):
     """The agent runtime's :class:`~.invocation.RoleInvoker`: the model-tool loop.
 
     Everything it depends on is passed in, so the engine can wire it to Django models (employees,
@@ -245,7 +246,9 @@ class ToolLoopInvoker:
         bound = self.bound_tools(request) if callable(self.bound_tools) else self.bound_tools
         return tool_invocation(request, bound)
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         """Carry out (or continue) one invocation. LeaseLost and cancellation propagate."""
         settings = (
             self.settings if isinstance(self.settings, LoopSettings) else self.settings(request)

@@ -24,25 +24,23 @@ without a request.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import random
-import ssl
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx2
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime import http_lite, outbound, outbound_http
+from runtime import http_lite, model_pool, outbound, outbound_http
 from runtime.breaker import CircuitAdmission, CircuitBreaker, Verdict
+from runtime.model_config import EndpointConfig, RetryPolicy
+from runtime.model_wire import EndpointError, build_body, error_from_payload, parse_response
 from runtime.outbound import OutboundPolicy
+from runtime.scripted import ScriptedModelClient, load_script
 from runtime.secrets import (
     Secret,
     SecretNotAllowed,
@@ -59,17 +57,8 @@ from runtime.streaming import (
     StreamRouter,
     TextCallback,
     route_stream,
-    usage_from_wire,
 )
-from runtime.types import (
-    ChatRequest,
-    ChatResponse,
-    ContextOverflow,
-    ModelCallFailed,
-    ModelClient,
-    ToolCall,
-    Usage,
-)
+from runtime.types import ChatRequest, ChatResponse, ContextOverflow, ModelCallFailed, ModelClient
 
 logger = logging.getLogger(__name__)
 
@@ -80,317 +69,15 @@ _transport_logger = logging.getLogger("httpcore2")
 if _transport_logger.level == logging.NOTSET:
     _transport_logger.setLevel(logging.INFO)
 
-Provider = Literal["openai", "scripted"]
-RESERVED_BODY_KEYS = frozenset(
-    {"model", "messages", "tools", "tool_choice", "stream", "stream_options"}
-)
-MAX_ERROR_TEXT = 500
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-class ModelParams(BaseModel):
-    """LLM parameters of spec/001 (camelCase on the API; unset means the provider's default)."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, validate_by_alias=True, validate_by_name=True
-    )
-
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1, alias="topP")
-    frequency_penalty: float | None = Field(default=None, ge=0, le=1, alias="frequencyPenalty")
-    presence_penalty: float | None = Field(default=None, ge=0, le=1, alias="presencePenalty")
-    #: 0 = the model's default. Sent as ``max_completion_tokens``.
-    max_tokens: int | None = Field(default=None, ge=0, alias="maxTokens")
-    stop: list[str] | None = Field(default=None, max_length=16)
-    response_format: Literal["text", "json_object", "json_schema"] = Field(
-        default="text", alias="responseFormat"
-    )
-    json_schema: dict[str, Any] | None = Field(default=None, alias="jsonSchema")
-    #: Merged into the request body last (provider-specific knobs such as reasoning_effort).
-    extra_fields: dict[str, Any] = Field(default_factory=dict, alias="extraFields")
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_as_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("json_schema", mode="before")
-    @classmethod
-    def _schema_from_text(cls, value: Any) -> Any:
-        # spec/001 carries jsonSchema as a string; accept that and objects alike.
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except ValueError:
-                raise ValueError("jsonSchema is not valid JSON") from None
-        return value
-
-    @field_validator("extra_fields")
-    @classmethod
-    def _no_reserved_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        clash = sorted(RESERVED_BODY_KEYS & value.keys())
-        if clash:
-            raise ValueError(f"extraFields may not set {', '.join(clash)}")
-        return value
-
-    @model_validator(mode="after")
-    def _schema_when_needed(self) -> ModelParams:
-        if self.response_format == "json_schema" and not self.json_schema:
-            raise ValueError("responseFormat json_schema needs a jsonSchema")
-        return self
-
-    def to_api(self) -> dict[str, Any]:
-        """The stored / API form: camelCase, only what was set."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
-
-    def merged(self, override: ModelParams | None) -> ModelParams:
-        """These params with every field that ``override`` sets replacing ours."""
-        if override is None:
-            return self
-        return ModelParams.model_validate(self.to_api() | override.to_api())
-
-    def to_wire(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
-        wire_names = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "frequency_penalty": self.frequency_penalty,
-            "presence_penalty": self.presence_penalty,
-            "stop": self.stop,
-        }
-        body.update({name: value for name, value in wire_names.items() if value is not None})
-        if self.max_tokens:
-            body["max_completion_tokens"] = self.max_tokens
-        return body
-
-
-@dataclass(frozen=True)
-class EndpointConfig:
-    """Everything a call needs about one endpoint, with no database behind it.
-
-    ``failover`` holds the resolved failover endpoints in priority order (their own failover
-    lists are not followed). Prices are per token, in the operator's currency.
-    """
-
-    name: str
-    provider: Provider = "openai"
-    base_url: str = ""
-    model: str = ""
-    api_key_env: str = ""
-    params: ModelParams = field(default_factory=ModelParams)
-    context_window: int = 128_000
-    input_price: float = 0.0
-    output_price: float = 0.0
-    max_retries: int = 3
-    timeout_seconds: float = 60.0
-    circuit_cooldown_seconds: float = 60.0
-    failover: tuple[EndpointConfig, ...] = ()
-    #: For the scripted provider: a built-in script name or a path to a JSON script.
-    script: str = "demo"
-
-    def cost(self, usage: Usage) -> float:
-        return usage.prompt_tokens * self.input_price + usage.completion_tokens * self.output_price
-
-    @property
-    def breaker_key(self) -> str:
-        return f"model-endpoint:{self.name}"
-
-    @property
-    def probe_lease(self) -> float:
-        """How long a half-open probe may take before another caller may take it over."""
-        return max(60.0, 2 * self.timeout_seconds)
-
-    def chain(self) -> tuple[EndpointConfig, ...]:
-        return (self, *self.failover)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff between attempts on one endpoint: exponential, bounded, with jitter."""
-
-    base_delay: float = 0.5
-    max_delay: float = 8.0
-    #: ``Retry-After`` is honoured up to this many seconds (a longer wait is better spent on
-    #: a failover endpoint or a later retry of the whole step).
-    max_retry_after: float = 30.0
-
-    def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float:
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
-        ceiling = min(self.max_delay, self.base_delay * 2**retry)
-        # "Equal jitter": never less than half the step, so retries still back off, but spread
-        # so that many workers hit by the same outage do not retry in lockstep.
-        return ceiling / 2 + rng.uniform(0, ceiling / 2)
-
-
-# --- errors -------------------------------------------------------------------------------------
-
-ErrorKind = Literal["transient", "endpoint", "request"]
-
-_OVERFLOW_MARKERS = (
-    "context_length_exceeded",
-    "context_window_exceeded",
-    "maximum context length",
-    "context length",
-    "too many tokens",
-    "prompt is too long",
-    "input is too long",
-    "reduce the length",
-)
-
-
-class EndpointError(Exception):
-    """One endpoint's failure, already redacted. ``kind`` decides retry and failover."""
-
-    def __init__(self, kind: ErrorKind, detail: str, *, retry_after: float | None = None) -> None:
-        super().__init__(detail)
-        self.kind: ErrorKind = kind
-        self.detail = detail
-        self.retry_after = retry_after
-        #: Retries ran out on a transient failure: the breaker trips.
-        self.exhausted = False
-        #: Stop walking the chain (the request is wrong, or output already went out live).
-        self.stop = kind == "request"
-        self.endpoint = ""
-
-
-def is_context_overflow(status: int, text: str) -> bool:
-    """A 400/413/422 whose code or message says the prompt does not fit the context window."""
-    lowered = text.lower()
-    return status in (400, 413, 422) and any(marker in lowered for marker in _OVERFLOW_MARKERS)
-
-
-def classify_status(status: int) -> ErrorKind:
-    if status in (408, 429) or status >= 500:
-        return "transient"
-    if status in (401, 403, 404):
-        return "endpoint"
-    return "request"
-
-
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """The seconds form of ``Retry-After`` (the HTTP-date form falls back to our backoff)."""
-    value = headers.get("retry-after", "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
-
-
-def _error_from_response(status: int, text: str, headers: Mapping[str, str]) -> Exception:
-    snippet = " ".join(text.split())[:MAX_ERROR_TEXT]
-    if is_context_overflow(status, text):
-        return ContextOverflow(f"HTTP {status}: {snippet}")
-    kind = classify_status(status)
-    return EndpointError(kind, f"HTTP {status}: {snippet}", retry_after=parse_retry_after(headers))
-
-
-def _error_from_payload(error: Any, key: Secret | None) -> Exception:
-    """An ``{"error": ...}`` object inside a 200 body or a stream chunk."""
-    text = redact(json.dumps(error), key)
-    code = error.get("code") if isinstance(error, dict) else None
-    status = code if isinstance(code, int) and 400 <= code < 600 else 502
-    if status >= 500 and any(marker in text.lower() for marker in _OVERFLOW_MARKERS):
-        status = 400  # an overflow reported without a usable status code
-    return _error_from_response(status, text, {})
-
-
-# --- wire format --------------------------------------------------------------------------------
-
-
-def _schema_wrapper(schema: dict[str, Any]) -> dict[str, Any]:
-    if "schema" in schema and "name" in schema:
-        return schema  # already the {"name", "schema", "strict"?} wrapper
-    name = str(schema.get("title") or "response").replace(" ", "_")[:64]
-    return {"name": name, "schema": schema}
-
-
-def _response_format(request: ChatRequest, params: ModelParams) -> dict[str, Any] | None:
-    from_request = request.response_format != "text"
-    kind = request.response_format if from_request else params.response_format
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        schema = request.json_schema if from_request else params.json_schema
-        return {"type": "json_schema", "json_schema": _schema_wrapper(schema or {})}
-    return None
-
-
-def build_body(request: ChatRequest, target: EndpointConfig) -> dict[str, Any]:
-    """The Chat Completions request body for ``target``."""
-    body: dict[str, Any] = {"model": target.model, "messages": request.messages}
-    body.update(target.params.to_wire())
-    if request.max_tokens:
-        body["max_completion_tokens"] = request.max_tokens
-    if request.tools:
-        body["tools"] = request.tools
-        if request.tool_choice:
-            body["tool_choice"] = request.tool_choice
-    response_format = _response_format(request, target.params)
-    if response_format:
-        body["response_format"] = response_format
-    body.update(target.params.extra_fields)
-    if request.stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-def _tool_call_from_wire(index: int, raw: dict[str, Any]) -> ToolCall:
-    function = raw.get("function") or {}
-    arguments = function.get("arguments")
-    if not isinstance(arguments, str):
-        # Some servers send parsed objects; the loop validates JSON text, so re-encode.
-        arguments = "" if arguments is None else json.dumps(arguments)
-    return ToolCall(
-        id=str(raw.get("id") or f"call_{index}"),
-        name=str(function.get("name") or ""),
-        arguments=arguments,
-    )
-
-
-def _text(content: Any) -> str:
-    """Message content as text (some servers send a list of content parts)."""
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return str(content or "")
-
-
-def parse_completion(data: Any, target: EndpointConfig) -> ChatResponse:
-    """A non-streaming completion body → :class:`ChatResponse` (raises on a malformed body)."""
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not choices or not isinstance(choices[0], dict):
-        raise EndpointError("transient", "malformed completion: no choices")
-    message = choices[0].get("message") or {}
-    usage = usage_from_wire(data.get("usage") or {})
-    return ChatResponse(
-        content=_text(message.get("content")),
-        tool_calls=[
-            _tool_call_from_wire(i, call) for i, call in enumerate(message.get("tool_calls") or [])
-        ],
-        reasoning_content=message.get("reasoning_content") or message.get("reasoning") or "",
-        usage=usage,
-        finish_reason=str(choices[0].get("finish_reason") or ""),
-        model=str(data.get("model") or target.model),
-        endpoint=target.name,
-        cost=target.cost(usage),
-    )
-
-
-# --- the client ---------------------------------------------------------------------------------
-
 
 class OpenAICompatibleClient:
     """:class:`ModelClient` for any OpenAI-compatible Chat Completions endpoint.
 
     One instance serves one employee (or one request): the streaming detection mode can be
     upgraded to ``drain`` on the instance by the self-healing path, and stays there until a new
-    instance is built from the configuration (spec/001: "a restart restores the configured
-    value"). ``now`` (epoch seconds) drives the breaker; ``sleep`` the backoff; both are
-    injectable for tests. ``outbound`` and ``secret_rule`` default to the process-wide policy
+    instance is built from the configuration (a restart restores the configured value).
+    ``now`` (epoch seconds) drives the breaker; ``sleep`` the backoff; both are injectable for
+    tests. ``outbound`` and ``secret_rule`` default to the process-wide policy
     and rule; an injected ``http_client`` (a test seam) bypasses the outbound guard.
     """
 
@@ -464,14 +151,15 @@ class OpenAICompatibleClient:
         if self._http_client is not None:
             yield self._http_client
             return
-        pool = _pool()
+        pool = model_pool.loop_pool()
         if pool is not None:
             async with pool.borrow(self.outbound) as client:
                 yield client
             return
         # A client per call keeps connections tied to the caller's event loop and always
         # closed; the costly part (loading the trust store) is shared through the SSL context.
-        async with outbound_http.async_client(self.outbound, verify=_ssl_context()) as client:
+        verify = model_pool.ssl_context()
+        async with outbound_http.async_client(self.outbound, verify=verify) as client:
             yield client
 
     async def _try_endpoint(
@@ -626,19 +314,19 @@ class OpenAICompatibleClient:
         headers = {"Authorization": f"Bearer {key.reveal()}"} if key else {}
         connect = min(10.0, target.timeout_seconds)
         timeout = httpx2.Timeout(target.timeout_seconds, connect=connect)
-        lite = _lite_pool() if router is None else None
+        lite = model_pool.lite_pool() if router is None else None
         try:
             if lite is not None:
                 async with asyncio.timeout(target.timeout_seconds):
                     answer = await lite.post_json(
                         url, body, headers, connect_timeout=connect, policy=self.outbound
                     )
-                return _parse_response(answer, target, key)
+                return parse_response(answer, target, key)
             if router is None:
                 # The whole answer within the timeout (httpx's timeouts are per read).
                 async with asyncio.timeout(target.timeout_seconds):
                     response = await http.post(url, json=body, headers=headers, timeout=timeout)
-                return _parse_response(response, target, key)
+                return parse_response(response, target, key)
             return await _stream(http, url, body, headers, timeout, target, key, router)
         except http_lite.BadUrl as exc:
             raise EndpointError("endpoint", redact(f"bad base URL: {exc}", key)) from None
@@ -662,110 +350,6 @@ def _current_policy() -> OutboundPolicy:
     return outbound.current_policy()
 
 
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    return httpx2.create_ssl_context()
-
-
-# --- pooled HTTP clients for a long-lived event loop ---------------------------------------------
-
-
-class _ClientPool:
-    """Idle HTTP clients of one event loop, each with at most one keep-alive connection.
-
-    A call borrows a client (the most recently returned, whose connection is the likeliest to
-    be alive) and gives it back. One shared client with many connections would do the same,
-    but httpx's pool checks every connection it holds on every request (a syscall or two
-    each), which costs more than the request once a driver holds a hundred runs."""
-
-    def __init__(self) -> None:
-        self.idle: dict[OutboundPolicy, list[httpx2.AsyncClient]] = {}
-        self.closed = False
-        #: The plain JSON calls' keep-alive connections (``http_lite``).
-        self.lite = http_lite.Pool(_ssl_context())
-
-    @staticmethod
-    def _new(policy: OutboundPolicy) -> httpx2.AsyncClient:
-        limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
-        return outbound_http.async_client(policy, verify=_ssl_context(), limits=limits)
-
-    @asynccontextmanager
-    async def borrow(self, policy: OutboundPolicy) -> AsyncIterator[httpx2.AsyncClient]:
-        """An idle client whose connection ``policy`` checked, or a new one."""
-        idle = self.idle.get(policy)
-        client = idle.pop() if idle else self._new(policy)
-        try:
-            yield client
-        finally:
-            idle = self.idle.setdefault(policy, [])
-            if self.closed or len(idle) >= POOL_IDLE_CLIENTS:
-                await client.aclose()
-            else:
-                idle.append(client)
-
-    async def close(self) -> None:
-        self.closed = True
-        idle, self.idle = self.idle, {}
-        for clients in idle.values():
-            for client in clients:
-                await client.aclose()
-        if self.lite is not None:
-            await self.lite.close()
-
-
-#: Event loops that pool their model connections (the run driver's).
-_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ClientPool] = (
-    weakref.WeakKeyDictionary()
-)
-#: Idle clients (keep-alive connections) kept per loop.
-POOL_IDLE_CLIENTS = 256
-
-
-def pool_http_connections(loop: asyncio.AbstractEventLoop) -> None:
-    """Let model calls made on ``loop`` reuse HTTP clients and their keep-alive connections
-    (:class:`_ClientPool`) instead of making a client and a connection per call.
-
-    For a long-lived loop that closes the pool itself (:func:`close_http_pool`): the run
-    driver's. Setting up a client and a TCP connection per model call costs milliseconds of
-    CPU, a large part of a step's overhead, and it is what limits throughput."""
-    _POOLS.setdefault(loop, _ClientPool())
-
-
-def _pool() -> _ClientPool | None:
-    try:
-        return _POOLS.get(asyncio.get_running_loop())
-    except RuntimeError:
-        return None
-
-
-def _lite_pool() -> http_lite.Pool | None:
-    pool = _pool()
-    return None if pool is None else pool.lite
-
-
-async def close_http_pool() -> None:
-    """Close the running loop's idle pooled clients and stop pooling on this loop."""
-    pool = _POOLS.pop(asyncio.get_running_loop(), None)
-    if pool is not None:
-        await pool.close()
-
-
-def _parse_response(
-    response: httpx2.Response | http_lite.Response, target: EndpointConfig, key: Secret | None
-) -> ChatResponse:
-    if response.status_code >= 300:
-        raise _error_from_response(
-            response.status_code, redact(response.text, key), response.headers
-        )
-    try:
-        data = response.json()
-    except ValueError:
-        raise EndpointError("transient", "malformed completion: body is not JSON") from None
-    if isinstance(data, dict) and data.get("error"):
-        raise _error_from_payload(data["error"], key)
-    return parse_completion(data, target)
-
-
 async def _stream(
     http: httpx2.AsyncClient,
     url: str,
@@ -781,7 +365,7 @@ async def _stream(
         if response.status_code >= 300 or _is_json(response):
             # Errors come as plain JSON; so do answers of servers that ignore "stream".
             await response.aread()
-            parsed = _parse_response(response, target, key)
+            parsed = parse_response(response, target, key)
             await _replay(parsed, router)
             return parsed
         accumulator = StreamAccumulator()
@@ -813,7 +397,7 @@ async def _chunks(source: httpx2.EventSource, key: Secret | None) -> AsyncIterat
         except ValueError:
             raise EndpointError("transient", "malformed stream chunk: not JSON") from None
         if isinstance(chunk, dict) and chunk.get("error"):
-            raise _error_from_payload(chunk["error"], key)
+            raise error_from_payload(chunk["error"], key)
         if isinstance(chunk, dict):
             finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or [])
             yield chunk
@@ -843,8 +427,6 @@ def client_for_endpoint(
 ) -> ModelClient:
     """The client for ``config.provider``: the HTTP client, or the offline scripted model."""
     if config.provider == "scripted":
-        from runtime.scripted import ScriptedModelClient, load_script
-
         return ScriptedModelClient(
             load_script(config.script), endpoint=config.name, on_text=on_text
         )

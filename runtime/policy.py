@@ -19,6 +19,11 @@ class Decision(enum.StrEnum):
     DENY = "deny"
 
 
+def decision_of(value: object) -> str:
+    """A plan entry's decision: ``"ask"`` of ``("ask", "reason")``, a bare ``"allow"`` as is."""
+    return str(value[0] if isinstance(value, tuple) else value)
+
+
 @dataclass(frozen=True)
 class ToolRule:
     decision: Decision

@@ -1,6 +1,6 @@
 """Repetition protection (pure): identical calls and long runs of the same tool.
 
-Two layers, as in spec/000: a call with the same tool and the same canonical arguments is
+Two layers (docs/tool-loop.md): a call with the same tool and the same canonical arguments is
 skipped from its 3rd occurrence (the model is told to reuse the result); the same tool called
 consecutively, whatever the arguments, warns at 5 calls and forces finalisation at 7.
 

@@ -14,7 +14,7 @@ approved later, or a call re-issued after a crash, runs with the mask in place o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -174,6 +174,5 @@ class ScrubbingJournal:
     def tool_notice(self, seq: int) -> str:
         return self.inner.tool_notice(seq)
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else the engine's journal offers (added later) passes through unchanged.
-        return getattr(self.inner, name)
+    async def db_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self.inner.db_call(fn, *args, **kwargs)

@@ -1,4 +1,4 @@
-"""Streaming Chat Completions: chunk assembly and tool-call detection (spec/001).
+"""Streaming Chat Completions: chunk assembly and tool-call detection (docs/model-client.md).
 
 In the OpenAI streaming protocol nothing announces whether tool calls will follow some text,
 yet live text must reach the user early. :class:`StreamRouter` decides when text may be

@@ -267,8 +267,7 @@ def _schema_summary(schema: Mapping[str, Any]) -> str:
 
 
 #: Validators by ``id`` of their schema, each entry holding the schema itself: the id cannot be
-#: reused while the entry lives, and the identity check below rejects any other mapping. Building
-#: a validator (its reference registry) cost more than validating a call's arguments with it.
+#: reused while the entry lives, and the identity check below rejects any other mapping.
 _VALIDATORS: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
 _VALIDATORS_MAX = 512
 

@@ -23,11 +23,16 @@ from typing import Any
 import mcp_types as types
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from orchestrator.accounts.services import api_token_resolve
 from orchestrator.errors import DomainError
+from skillhub.services.access import Caller
+from skillhub.services.calls import mcp_call_tool, mcp_list_tools
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -35,8 +40,6 @@ _USER_KEY = "loopwright_user_id"
 
 
 def _user_of(ctx: Any) -> Any:
-    from django.contrib.auth import get_user_model
-
     request = getattr(ctx, "request", None)
     user_id = None if request is None else request.scope.get(_USER_KEY)
     if user_id is None:
@@ -45,16 +48,10 @@ def _user_of(ctx: Any) -> Any:
 
 
 def _list_tools_sync(ctx: Any) -> list[dict[str, Any]]:
-    from skillhub.services.access import Caller
-    from skillhub.services.calls import mcp_list_tools
-
     return mcp_list_tools(Caller.for_user(_user_of(ctx)))
 
 
 def _call_tool_sync(ctx: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    from skillhub.services.access import Caller
-    from skillhub.services.calls import mcp_call_tool
-
     caller = Caller.for_user(_user_of(ctx))
     try:
         return mcp_call_tool(name=name, arguments=arguments, caller=caller, origin="mcp")
@@ -72,8 +69,6 @@ def _closing(fn: Callable[..., Any]) -> Callable[..., Any]:
     executor thread's connection is otherwise only dropped by the garbage collector)."""
 
     def call(*args: Any) -> Any:
-        from django.db import connection
-
         try:
             return fn(*args)
         finally:
@@ -124,10 +119,6 @@ def _security() -> TransportSecuritySettings:
 
 
 def _resolve_token(raw: str) -> int | None:
-    from django.db import connection
-
-    from orchestrator.accounts.services import api_token_resolve
-
     try:
         token = api_token_resolve(raw)
         if token is None or not token.user.is_active:

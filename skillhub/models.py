@@ -1,4 +1,4 @@
-"""Skill definitions, their executions and output files, and review configs (DESIGN.md §9).
+"""Skill definitions, their executions and output files, and review configs (docs/skills.md).
 
 A skill is a small Python or Node.js program with a ``codeTemplate``; an execution pins the
 rendered program, the inputs and the limits at the moment it was requested, so a later edit of

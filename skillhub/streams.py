@@ -1,13 +1,13 @@
 """The server-sent-events stream of one execution's events
 (``GET /api/v1/skill-executions/{id}/events/stream``).
 
-The same approach as the UI's live pages (``frontend/streams.py``, whose transport this
-reuses): the database is the source of truth and is polled every ``SSE_POLL_SECONDS``; each new
-event goes out as ``event: event`` with ``id: <seq>`` and the event as JSON, so a reconnecting
-client (``Last-Event-ID``) resumes exactly. The stream sends ``done`` and ends once the
-execution is finished and every event was sent: the terminal event is committed together with
-the finished status (``skillhub.services.events``), so reading the status first and the events
-second never ends the stream early.
+The transport is the platform's (``orchestrator.sse``): the database is the source of truth,
+polled every ``SSE_POLL_SECONDS``; each new event goes out as ``event: event`` with
+``id: <seq>`` and the event as JSON, so a reconnecting client (``Last-Event-ID``) resumes
+exactly. The stream sends ``done`` and ends once the execution is finished and every event was
+sent: the terminal event is committed together with the finished status
+(``skillhub.services.events``), so reading the status first and the events second never ends
+the stream early.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 from rest_framework.renderers import BaseRenderer
 
-from frontend.streams import Message, async_events, stream_timing, sync_events
+from orchestrator.sse import Message, event_stream
 from skillhub.models import FINISHED_STATUSES, SkillExecution, SkillExecutionEvent
 from skillhub.services.events import EVENTS_PAGE, events_after
 
@@ -87,14 +86,5 @@ class ExecutionEventsFeed:
 def execution_event_stream(
     request: HttpRequest, execution_id: uuid.UUID, after: int
 ) -> StreamingHttpResponse:
-    """The streaming response: async under ASGI, a plain generator under WSGI."""
-    feed = ExecutionEventsFeed(execution_id, after)
-    timing = stream_timing()
-    if isinstance(request, ASGIRequest):
-        response = StreamingHttpResponse(async_events(feed, timing))
-    else:
-        response = StreamingHttpResponse(sync_events(feed, timing))
-    response["Content-Type"] = "text/event-stream; charset=utf-8"
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
+    """The execution's events after ``after``, as a server-sent-events response."""
+    return event_stream(request, ExecutionEventsFeed(execution_id, after))

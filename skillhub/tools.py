@@ -22,15 +22,24 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from django.db import connection
+
+from orchestrator.errors import DomainError
 from runtime.tools.base import Invocation, Tool, ToolContext, ToolError, ToolResult
 from runtime.types import Effect, ToolSpec
-
-if TYPE_CHECKING:
-    from skillhub.services.access import Caller
+from skillhub.models import Skill
+from skillhub.services.access import Caller, skill_tool_spec
+from skillhub.services.calls import QUEUE_GRACE_SECONDS
+from skillhub.services.executions import (
+    execution_request,
+    execution_summary,
+    execution_wait_async,
+)
+from skillhub.services.skills import skill_get
 
 EXECUTE = "skill_hub_execute"
 PREFIX = "skill_hub_"
@@ -62,8 +71,6 @@ _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skill-tools")
 
 def _closing(fn: Callable[[], T]) -> Callable[[], T]:
     def call() -> T:
-        from django.db import connection
-
         try:
             return fn()
         finally:
@@ -136,9 +143,6 @@ class SkillToolProvider:
 
 
 def _load_specs() -> tuple[dict[str, ToolSpec], dict[str, str]]:
-    from skillhub.models import Skill
-    from skillhub.services.access import skill_tool_spec
-
     specs, reviews = {}, {}
     for skill in Skill.objects.filter(enabled=True).select_related("loop_config"):
         spec = skill_tool_spec(skill)
@@ -147,17 +151,6 @@ def _load_specs() -> tuple[dict[str, ToolSpec], dict[str, str]]:
         if config is not None and config.requires_review:
             reviews[spec.name] = config.review_prompt or "a person approves each call"
     return specs, reviews
-
-
-def skill_review_gates(decisions: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """For the tool policy: skill tools that must be reviewed become ``ask`` (a deny stays);
-    applied after the pattern's autoAllowlist, which cannot waive a skill's review."""
-    gates = SKILL_TOOLS.review_gates(decisions)
-    return {n: g for n, g in gates.items() if _decision(decisions[n]) != "deny"}
-
-
-def _decision(value: Any) -> str:
-    return str(value[0] if isinstance(value, tuple) else value)
 
 
 class SkillTool:
@@ -196,7 +189,6 @@ def _caller_of(invocation: Invocation) -> Caller:
     """The employee calling, from the invocation the call's context carries (plain data set
     by the loop: no row is read, so the call works whenever its model step is written). Its
     access to the skill is then checked from this and the skill's own rows."""
-    from skillhub.services.access import Caller
 
     return Caller.for_employee(
         invocation.employee,
@@ -210,11 +202,6 @@ def _caller_of(invocation: Invocation) -> Caller:
 def _request(
     name: str, inputs: Any, key: str, invocation: Invocation, generic: bool
 ) -> tuple[str, float]:
-    from orchestrator.errors import DomainError
-    from skillhub.services.calls import QUEUE_GRACE_SECONDS
-    from skillhub.services.executions import execution_request
-    from skillhub.services.skills import skill_get
-
     caller = _caller_of(invocation)
     try:
         skill = skill_get(tool_name=name)
@@ -235,8 +222,6 @@ def _problem_text(exc: Any) -> str:
 
 async def skill_call(name: str, inputs: Any, context: ToolContext, *, generic: bool) -> ToolResult:
     """Request the execution (thread), then wait for its result without blocking the loop."""
-    from skillhub.services.executions import execution_summary, execution_wait_async
-
     if context.invocation is None:  # refused before anything reaches the database
         raise ToolError(NO_INVOCATION)
     key, invocation = context.idempotency_key, context.invocation

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator
 
 import pytest
+from django.apps import apps as django_apps
 from rest_framework.test import APIClient
 
+from loops import db
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
+from orchestrator.sql import is_postgres
+from tests.support.write_paths import EXACT, FAST, SQLITE_HAS_NO_FAST_PATH
 
 PERSONAS: dict[str, tuple[Role, ...]] = {
     "admin": (Role.ADMIN,),
@@ -54,8 +59,18 @@ def admin_client_api(api_client_for: Callable[[str], APIClient]) -> APIClient:
 def seeded_profiles(transactional_db: None) -> None:
     """The harness profiles of the seed migration, for transactional tests: the flush between
     such tests deletes migration data, so seed again (the seed function is idempotent)."""
-    import importlib
-
-    from django.apps import apps as django_apps
-
     importlib.import_module("harness.migrations.0002_seed_profiles").seed(django_apps, None)
+
+
+@pytest.fixture
+def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The path the test's writes take (``tests.support.write_paths.both_write_paths``): the
+    fast one (PostgreSQL only; the test is transactional) or the exact one (forced)."""
+    path = getattr(request, "param", EXACT)
+    if path == FAST:
+        if not is_postgres():
+            pytest.skip(SQLITE_HAS_NO_FAST_PATH)
+        yield FAST
+        return
+    with db.exact_path_forced():
+        yield EXACT

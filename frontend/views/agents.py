@@ -6,27 +6,27 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from frontend import selectors
 from frontend.access import ui_view
+from frontend.selectors import agents
 
 
 @ui_view()
 def employee_list(request: HttpRequest) -> HttpResponse:
-    context = {"employees": selectors.employees(), "endpoints": selectors.endpoints()}
+    context = {"employees": agents.employees(), "endpoints": agents.endpoints()}
     return render(request, "frontend/agents/employees.html", context)
 
 
 @ui_view()
 def employee_detail(request: HttpRequest, username: str) -> HttpResponse:
-    employee = selectors.employee_detail(username)
+    employee = agents.employee_detail(username)
     context = {
         "employee": employee,
-        "endpoint": selectors.endpoint_detail(employee.endpoint.name),
+        "endpoint": agents.endpoint_detail(employee.endpoint.name),
     }
     return render(request, "frontend/agents/employee.html", context)
 
 
 @ui_view()
 def endpoint_detail(request: HttpRequest, name: str) -> HttpResponse:
-    context = {"view": selectors.endpoint_detail(name)}
+    context = {"view": agents.endpoint_detail(name)}
     return render(request, "frontend/agents/endpoint.html", context)

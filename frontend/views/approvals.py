@@ -7,37 +7,23 @@ nobody's decision twice). The run page shows the same decision form inline.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import Count, Max, Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from frontend.access import can, ui_view
 from frontend.forms import DecideForm, add_service_errors
+from frontend.selectors import approvals
 from loops.models import ActionApproval, ApprovalStatus, LoopRun, RunStatus
 from loops.services.approvals import approval_decide
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError, InvalidInput
 
-RECENT_DECISIONS = 25
 DONE = {"approved": "Approved: the run goes on.", "rejected": "Rejected: the model is told why."}
-
-
-def _approvals() -> QuerySet[ActionApproval]:
-    return ActionApproval.objects.select_related("run__pattern")
-
-
-def approval_of(approval_id: str) -> ActionApproval:
-    """The approval in a URL, or a 404 (never a 500 for a malformed id)."""
-    try:
-        return _approvals().get(pk=uuid.UUID(approval_id))
-    except (ValueError, ActionApproval.DoesNotExist):
-        raise Http404(f"There is no approval {approval_id!r}.") from None
 
 
 def decidable(user: Any, approval: ActionApproval) -> bool:
@@ -52,7 +38,7 @@ def decidable(user: Any, approval: ActionApproval) -> bool:
 def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
     """The run's approvals for its page: each with a decision form when ``user`` may decide."""
     rows = []
-    for approval in _approvals().filter(run_id=run.id).order_by("step_seq"):
+    for approval in approvals.run_approvals(run.id):
         approval.run = run  # the caller's copy is the current one
         form = None
         if decidable(user, approval):  # ids per approval: a run may wait on several
@@ -61,32 +47,19 @@ def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
     return rows
 
 
-def queue_version() -> str:
-    """A fingerprint of the queue: it changes whenever an approval is added or decided."""
-    figures = ActionApproval.objects.aggregate(
-        pending=Count("id", filter=Q(status=ApprovalStatus.PENDING)),
-        total=Count("id"),
-        created=Max("created_at"),
-        decided=Max("decided_at"),
-    )
-    return "|".join(str(figures[k]) for k in ("pending", "total", "created", "decided"))
-
-
 def queue_context(request: HttpRequest) -> dict[str, Any]:
     """The pending approvals of every run, oldest first, then the latest decisions."""
-    pending = list(_approvals().filter(status=ApprovalStatus.PENDING).order_by("created_at"))
-    decided = list(
-        _approvals()
-        .exclude(status=ApprovalStatus.PENDING)
-        .order_by("-decided_at")[:RECENT_DECISIONS]
-    )
-    return {"pending": pending, "decided": decided, "can_decide": can(request.user, Role.APPROVER)}
+    return {
+        "pending": approvals.pending_approvals(),
+        "decided": approvals.recent_decisions(),
+        "can_decide": can(request.user, Role.APPROVER),
+    }
 
 
 @ui_view()
 def approval_list(request: HttpRequest) -> HttpResponse:
     """The queue page; it follows new and decided approvals live (``frontend.streams``)."""
-    version = queue_version()  # before the rows: what changes later is streamed
+    version = approvals.queue_version()  # before the rows: what changes later is streamed
     context = {**queue_context(request), "version": version}
     return render(request, "frontend/approvals/list.html", context)
 
@@ -107,7 +80,7 @@ def _detail(
 
 @ui_view()
 def approval_detail(request: HttpRequest, approval_id: str) -> HttpResponse:
-    return _detail(request, approval_of(approval_id), None)
+    return _detail(request, approvals.approval_of(approval_id), None)
 
 
 def _next_url(request: HttpRequest, approval: ActionApproval) -> str:
@@ -122,7 +95,7 @@ def _next_url(request: HttpRequest, approval: ActionApproval) -> str:
 @ui_view(methods=("POST",), write=Role.APPROVER)
 def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse:
     """Approve (as proposed or with edited arguments) or reject with a reason."""
-    approval = approval_of(approval_id)
+    approval = approvals.approval_of(approval_id)
     form = DecideForm(request.POST, proposed=approval.arguments)
     if not form.is_valid():
         return _detail(request, approval, form, status=400)
@@ -138,7 +111,7 @@ def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse
         add_service_errors(form, exc.extra.get("errors") or [], fallback="input")
         if not form.errors:
             form.add_error("input", exc.detail)
-        return _detail(request, approval_of(approval_id), form, status=400)
+        return _detail(request, approvals.approval_of(approval_id), form, status=400)
     except DomainError as exc:  # decided meanwhile, the run moved on, the policy denies it
         messages.error(request, exc.detail)
         return redirect("ui:approval", approval_id=approval.id)

@@ -6,7 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from frontend.access import ui_view
-from frontend.metrics import metrics_summary
+from frontend.selectors.metrics import metrics_summary
 
 #: The windows the page offers (days); anything else falls back to the default.
 WINDOWS = (1, 7, 14, 30, 90)

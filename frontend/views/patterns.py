@@ -8,9 +8,9 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from frontend import selectors
 from frontend.access import actor_of, ui_view
 from frontend.forms import PatternForm, TriggerForm, add_service_errors
+from frontend.selectors import patterns, policies
 from frontend.templatetags.ui import short_id
 from loops.services.patterns import pattern_create, pattern_update
 from loops.services.runs import run_trigger
@@ -19,7 +19,7 @@ from orchestrator.errors import DomainError, InvalidInput
 
 
 def _form_context(form: PatternForm, **extra: Any) -> dict[str, Any]:
-    return {"form": form, "harness_tags": selectors.published_tags(), **extra}
+    return {"form": form, "harness_tags": policies.published_tags(), **extra}
 
 
 def _refuse(form: Any, exc: DomainError, fallback: str | None = None) -> None:
@@ -33,14 +33,14 @@ def _refuse(form: Any, exc: DomainError, fallback: str | None = None) -> None:
 
 @ui_view()
 def pattern_list(request: HttpRequest) -> HttpResponse:
-    patterns = selectors.patterns_with_last_run()
-    return render(request, "frontend/patterns/list.html", {"patterns": patterns})
+    listed = patterns.patterns_with_last_run()
+    return render(request, "frontend/patterns/list.html", {"patterns": listed})
 
 
 @ui_view()
 def pattern_detail(request: HttpRequest, key: str) -> HttpResponse:
-    pattern = selectors.pattern_detail(key)
-    context = {"pattern": pattern, "runs": selectors.pattern_recent_runs(pattern)}
+    pattern = patterns.pattern_detail(key)
+    context = {"pattern": pattern, "runs": patterns.pattern_recent_runs(pattern)}
     return render(request, "frontend/patterns/detail.html", context)
 
 
@@ -63,7 +63,7 @@ def pattern_create_view(request: HttpRequest) -> HttpResponse:
 
 @ui_view(methods=("GET", "POST"), write=Role.OPERATOR, form_page=True)
 def pattern_edit_view(request: HttpRequest, key: str) -> HttpResponse:
-    pattern = selectors.pattern_detail(key)
+    pattern = patterns.pattern_detail(key)
     form = PatternForm(request.POST or None, initial=PatternForm.initial_of(pattern), editing=True)
     if request.method == "POST" and form.is_valid():
         try:
@@ -81,7 +81,7 @@ def pattern_edit_view(request: HttpRequest, key: str) -> HttpResponse:
 @ui_view(methods=("GET", "POST"), write=Role.OPERATOR, form_page=True)
 def pattern_trigger_view(request: HttpRequest, key: str) -> HttpResponse:
     """Start a run now with the inputs typed as a JSON object, then show it."""
-    pattern = selectors.pattern_detail(key)
+    pattern = patterns.pattern_detail(key)
     form = TriggerForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:

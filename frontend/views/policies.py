@@ -8,10 +8,10 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from frontend import selectors
 from frontend.access import actor_of, ui_view
 from frontend.diffs import json_diff
 from frontend.forms import CompileForm, DraftForm, add_service_errors, default_tools_json
+from frontend.selectors import agents, policies
 from harness.models import HarnessProfile, HarnessProfileVersion
 from harness.services import harness_preview, profile_publish, profile_save_draft
 from orchestrator.accounts.roles import Role
@@ -21,7 +21,7 @@ from runtime.types import Effect, ToolSpec
 
 @ui_view()
 def policy_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "frontend/policies/list.html", {"profiles": selectors.profiles()})
+    return render(request, "frontend/policies/list.html", {"profiles": policies.profiles()})
 
 
 def _default_diff_pair(versions: list[HarnessProfileVersion]) -> tuple[int, int] | None:
@@ -33,8 +33,8 @@ def _default_diff_pair(versions: list[HarnessProfileVersion]) -> tuple[int, int]
 
 @ui_view()
 def policy_detail(request: HttpRequest, tag: str) -> HttpResponse:
-    profile = selectors.profile_detail(tag)
-    versions = selectors.profile_versions(profile)
+    profile = policies.profile_detail(tag)
+    versions = policies.profile_versions(profile)
     context = {
         "profile": profile,
         "versions": versions,
@@ -46,8 +46,8 @@ def policy_detail(request: HttpRequest, tag: str) -> HttpResponse:
 
 @ui_view()
 def policy_version(request: HttpRequest, tag: str, version: int) -> HttpResponse:
-    profile = selectors.profile_detail(tag)
-    found = selectors.profile_version(profile, version)
+    profile = policies.profile_detail(tag)
+    found = policies.profile_version(profile, version)
     context = {"profile": profile, "version": found}
     return render(request, "frontend/policies/version.html", context)
 
@@ -59,20 +59,20 @@ def _version_number(value: str | None) -> int | None:
 @ui_view()
 def policy_diff(request: HttpRequest, tag: str) -> HttpResponse:
     """``?from=N&to=M``: what changed between two versions of a profile."""
-    profile = selectors.profile_detail(tag)
-    versions = selectors.profile_versions(profile)
+    profile = policies.profile_detail(tag)
+    versions = policies.profile_versions(profile)
     pair = _default_diff_pair(versions) or (versions[0].version, versions[0].version)
     old_number = _version_number(request.GET.get("from")) or pair[0]
     new_number = _version_number(request.GET.get("to")) or pair[1]
-    old = selectors.profile_version(profile, old_number)
-    new = selectors.profile_version(profile, new_number)
+    old = policies.profile_version(profile, old_number)
+    new = policies.profile_version(profile, new_number)
     lines = json_diff(old.settings, new.settings, f"{tag}@{old.version}", f"{tag}@{new.version}")
     context = {"profile": profile, "versions": versions, "old": old, "new": new, "lines": lines}
     return render(request, "frontend/policies/diff.html", context)
 
 
 def _draft_initial(profile: HarnessProfile) -> dict[str, Any]:
-    draft = selectors.profile_draft(profile)
+    draft = policies.profile_draft(profile)
     source = draft or profile.current_version
     return {
         "settings": source.settings if source else {},
@@ -83,7 +83,7 @@ def _draft_initial(profile: HarnessProfile) -> dict[str, Any]:
 @ui_view(methods=("GET", "POST"), write=Role.ADMIN, form_page=True)
 def policy_draft(request: HttpRequest, tag: str) -> HttpResponse:
     """Edit the open draft (or open the next version from the current settings)."""
-    profile = selectors.profile_detail(tag)
+    profile = policies.profile_detail(tag)
     form = DraftForm(request.POST or None, initial=_draft_initial(profile))
     if request.method == "POST" and form.is_valid():
         try:
@@ -99,14 +99,14 @@ def policy_draft(request: HttpRequest, tag: str) -> HttpResponse:
         else:
             messages.success(request, f"Draft version {saved.version} saved. Publish it to use it.")
             return redirect("ui:policy", tag=profile.tag)
-    context = {"profile": profile, "form": form, "draft": selectors.profile_draft(profile)}
+    context = {"profile": profile, "form": form, "draft": policies.profile_draft(profile)}
     status = 400 if form.is_bound else 200
     return render(request, "frontend/policies/draft.html", context, status=status)
 
 
 @ui_view(methods=("POST",), write=Role.ADMIN)
 def policy_publish(request: HttpRequest, tag: str) -> HttpResponse:
-    profile = selectors.profile_detail(tag)
+    profile = policies.profile_detail(tag)
     try:
         published = profile_publish(
             tag=profile.tag,
@@ -177,7 +177,7 @@ def policy_compile(request: HttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "result": result,
-        "tags": selectors.published_tags(),
-        "employees": selectors.employee_usernames(),
+        "tags": policies.published_tags(),
+        "employees": agents.employee_usernames(),
     }
     return render(request, "frontend/policies/compile.html", context)

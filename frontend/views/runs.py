@@ -10,10 +10,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from frontend import selectors
 from frontend.access import actor_of, can, ui_view
-from frontend.budgets_view import run_budget_sections
 from frontend.forms import ActionForm
+from frontend.selectors import patterns, runs
+from frontend.selectors.budgets import run_budget_sections
 from frontend.templatetags.ui import short_id
 from frontend.views.approvals import run_approvals
 from loops import state
@@ -41,19 +41,19 @@ DONE_MESSAGES = {
 
 
 def monitor_context(request: HttpRequest) -> dict[str, Any]:
-    filters = selectors.RunFilters.from_query(request.GET)
-    cursor = selectors.change_cursor_now()  # before the runs: what changes later is streamed
-    runs = selectors.runs_for_monitor(filters, MONITOR_PAGE_SIZE + 1)
-    older = runs[MONITOR_PAGE_SIZE - 1].id if len(runs) > MONITOR_PAGE_SIZE else None
+    filters = runs.RunFilters.from_query(request.GET)
+    cursor = runs.change_cursor_now()  # before the runs: what changes later is streamed
+    listed = runs.runs_for_monitor(filters, MONITOR_PAGE_SIZE + 1)
+    older = listed[MONITOR_PAGE_SIZE - 1].id if len(listed) > MONITOR_PAGE_SIZE else None
     stream_query = urlencode({**filters.query(), "since": cursor.encode()})
     return {
         "filters": filters,
-        "runs": runs[:MONITOR_PAGE_SIZE],
+        "runs": listed[:MONITOR_PAGE_SIZE],
         "older_url": "?" + urlencode({**filters.query(), "before": older}) if older else "",
-        "counts": selectors.run_counts(),
-        "pattern_keys": selectors.pattern_keys(),
+        "counts": runs.run_counts(),
+        "pattern_keys": patterns.pattern_keys(),
         "statuses": RunStatus.choices,
-        "triggers": selectors.TRIGGER_CHOICES,
+        "triggers": runs.TRIGGER_CHOICES,
         "stream_url": reverse("ui:stream-runs") + "?" + stream_query,
         "live_insert": filters.before is None,
         "page_size": MONITOR_PAGE_SIZE,
@@ -78,12 +78,12 @@ def run_header_context(request: HttpRequest, run: LoopRun) -> dict[str, Any]:
     """What the live-updated parts of a run page need (summary, actions, verdict)."""
     return {
         "run": run,
-        "usage": selectors.run_usage(run.id),
+        "usage": runs.run_usage(run.id),
         "budgets": run_budget_sections(run),
-        "retries": selectors.run_retries(run.id),
+        "retries": runs.run_retries(run.id),
         "actions": actions_for(request.user, run),
         "approvals": run_approvals(request.user, run),
-        "artifacts": selectors.run_artifacts(run.id),
+        "artifacts": runs.run_artifacts(run.id),
         "is_terminal": run.status in {s.value for s in state.TERMINAL},
     }
 
@@ -102,19 +102,17 @@ def _snapshots(run: LoopRun) -> list[tuple[str, Any]]:
 
 @ui_view()
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = selectors.run_detail(selectors.parse_run_id(run_id))
-    steps = selectors.run_steps(run.id)
-    events = selectors.run_events(run.id)
+    run = runs.run_detail(runs.parse_run_id(run_id))
+    steps = runs.run_steps(run.id)
+    events = runs.run_events(run.id)
     context = {
         **run_header_context(request, run),
-        "groups": selectors.group_steps(steps, run.role_bindings or {}),
+        "groups": runs.group_steps(steps, run.role_bindings or {}),
         "events": events,
         "snapshots": _snapshots(run),
         "last_event_seq": events[-1].seq if events else 0,
         "last_step_seq": steps[-1].seq if steps else 0,
-        "open_steps": ",".join(
-            str(s.seq) for s in steps if s.status in selectors.OPEN_STEP_STATUSES
-        ),
+        "open_steps": ",".join(str(s.seq) for s in steps if s.status in runs.OPEN_STEP_STATUSES),
     }
     return render(request, "frontend/runs/detail.html", context)
 
@@ -122,7 +120,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
 @ui_view(methods=("POST",), write=Role.OPERATOR)
 def run_action(request: HttpRequest, run_id: str, action: str) -> HttpResponse:
     """pause, resume, cancel (with an optional reason), escalate, accept."""
-    run = selectors.run_detail(selectors.parse_run_id(run_id))
+    run = runs.run_detail(runs.parse_run_id(run_id))
     form = ActionForm(request.POST)
     if not form.is_valid():
         messages.error(request, "The reason is too long (2,000 characters at most).")
@@ -144,7 +142,7 @@ def run_action(request: HttpRequest, run_id: str, action: str) -> HttpResponse:
 @ui_view(methods=("POST",), write=Role.OPERATOR)
 def run_retry_view(request: HttpRequest, run_id: str) -> HttpResponse:
     """Start a new run with the same inputs and go to it."""
-    run = selectors.run_detail(selectors.parse_run_id(run_id))
+    run = runs.run_detail(runs.parse_run_id(run_id))
     try:
         new_run = run_retry(run_id=run.id, actor=actor_of(request))
     except DomainError as exc:

@@ -17,10 +17,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from frontend import skills_selectors as selectors
 from frontend.access import actor_of, can, ui_view
 from frontend.errors import error_page
 from frontend.forms import SkillForm, SkillTestForm, add_service_errors
+from frontend.selectors import agents, skills
 from frontend.templatetags.ui import short_id
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import Conflict, DomainError, InvalidInput
@@ -57,21 +57,21 @@ def _refuse(form: Any, exc: DomainError, fallback: str | None = None) -> None:
 def _form_page(
     request: HttpRequest, form: SkillForm, skill: Skill | None = None, status: int = 200
 ) -> HttpResponse:
-    context = {"form": form, "skill": skill, "employees": selectors.employee_usernames()}
+    context = {"form": form, "skill": skill, "employees": agents.employee_usernames()}
     return render(request, "frontend/skills/form.html", context, status=status)
 
 
 @ui_view()
 def skill_list(request: HttpRequest) -> HttpResponse:
-    skills = selectors.skills_with_last_execution()
-    return render(request, "frontend/skills/list.html", {"skills": skills})
+    listed = skills.skills_with_last_execution()
+    return render(request, "frontend/skills/list.html", {"skills": listed})
 
 
 @ui_view()
 def skill_detail(request: HttpRequest, tool_name: str) -> HttpResponse:
     """The definition and the execution history, newest first (``?page=``)."""
-    skill = selectors.skill_of(tool_name)
-    context = {"skill": skill, "history": selectors.skill_history(skill, request.GET.get("page"))}
+    skill = skills.skill_of(tool_name)
+    context = {"skill": skill, "history": skills.skill_history(skill, request.GET.get("page"))}
     return render(request, "frontend/skills/detail.html", context)
 
 
@@ -95,7 +95,7 @@ def skill_create_view(request: HttpRequest) -> HttpResponse:
 
 @ui_view(methods=("GET", "POST"), write=Role.OPERATOR, form_page=True)
 def skill_edit_view(request: HttpRequest, tool_name: str) -> HttpResponse:
-    skill = selectors.skill_of(tool_name)
+    skill = skills.skill_of(tool_name)
     form = SkillForm(request.POST or None, initial=SkillForm.initial_of(skill), editing=True)
     if request.method == "POST" and form.is_valid():
         fields = form.service_fields()
@@ -119,7 +119,7 @@ def _test_page(
     execution = None
     wanted = request.GET.get("execution")
     if wanted and not form.is_bound:
-        execution = selectors.execution_of(skill, wanted)
+        execution = skills.execution_of(skill, wanted)
     context = {
         "skill": skill,
         "form": form,
@@ -140,10 +140,10 @@ def _example_inputs(skill: Skill) -> dict[str, Any]:
 def skill_test_view(request: HttpRequest, tool_name: str) -> HttpResponse:
     """Run the skill once in the sandbox with JSON inputs; wait (bounded) for the result, then
     show it on this page (``?execution=<id>``), or say it is still running and link to it."""
-    skill = selectors.skill_of(tool_name)
+    skill = skills.skill_of(tool_name)
     if request.method != "POST":
         wanted = request.GET.get("execution")
-        inputs = selectors.execution_of(skill, wanted).inputs if wanted else _example_inputs(skill)
+        inputs = skills.execution_of(skill, wanted).inputs if wanted else _example_inputs(skill)
         return _test_page(request, skill, SkillTestForm(initial={"inputs": inputs}))
     form = SkillTestForm(request.POST)
     if not form.is_valid():
@@ -167,8 +167,8 @@ def skill_test_view(request: HttpRequest, tool_name: str) -> HttpResponse:
 
 @ui_view()
 def execution_detail(request: HttpRequest, tool_name: str, execution_id: str) -> HttpResponse:
-    skill = selectors.skill_of(tool_name)
-    execution = selectors.execution_of(skill, execution_id)
+    skill = skills.skill_of(tool_name)
+    execution = skills.execution_of(skill, execution_id)
     context = {
         "skill": skill,
         "execution": execution,
@@ -182,9 +182,9 @@ def execution_detail(request: HttpRequest, tool_name: str, execution_id: str) ->
 @ui_view()
 def execution_download(request: HttpRequest, tool_name: str, execution_id: str) -> HttpResponse:
     """One output file as an attachment (``?name=``), within the API's download limit."""
-    skill = selectors.skill_of(tool_name)
-    execution = selectors.execution_of(skill, execution_id)
-    file = selectors.output_file_of(execution, request.GET.get("name", ""))
+    skill = skills.skill_of(tool_name)
+    execution = skills.execution_of(skill, execution_id)
+    file = skills.output_file_of(execution, request.GET.get("name", ""))
     limit = int(settings.SKILLHUB["DOWNLOAD_MAX_BYTES"])
     if file.data is None or file.size > limit:
         return error_page(

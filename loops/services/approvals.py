@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
+from harness.planner import plan_tools
 from loops.models import (
     ActionApproval,
     ApprovalStatus,
@@ -29,9 +30,11 @@ from loops.models import (
     RunStatus,
     StepStatus,
 )
+from loops.services.notifications import notify_approvals
 from loops.services.transitions import Lease, fenced_touch, run_event_append, run_transition
 from orchestrator.accounts.roles import Role, has_role
 from orchestrator.errors import Conflict, DomainError, InvalidInput
+from runtime.tools.specs import tool_spec
 
 
 class NotAnApprover(DomainError):
@@ -90,8 +93,6 @@ def approvals_open(
             )
         )
     if opened:
-        from loops.services.notifications import notify_approvals
-
         notify_approvals([a.id for a in opened])
     return opened
 
@@ -106,9 +107,6 @@ def _may_decide(user: Any, run: LoopRun) -> bool:
 def _checked_input(approval: ActionApproval, run: LoopRun, edited: Any) -> dict[str, Any]:
     """The arguments that will run: validated against the tool's schema and re-checked
     against the run's harness snapshot (a denied tool can never be approved into running)."""
-    from harness.planner import plan_tools
-    from loops.worker.invoker import tool_spec
-
     spec = tool_spec(approval.tool_name)
     if spec is None:
         raise Conflict(f"Tool {approval.tool_name!r} no longer exists; it cannot be approved.")

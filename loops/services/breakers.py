@@ -15,9 +15,10 @@ One ``CircuitState`` row per pattern (key ``pattern:<pattern key>``), shared by 
   trigger probes.
 
 Any run's success closes the breaker (it shows the pattern works); canceled runs count neither
-way. Outcomes are recorded by ``run_transition`` in the transaction that ends the run, so no
-failure is lost or counted twice. Decisions are pure functions of a :class:`Breaker` and
-``now`` (tests inject the clock); the database layer locks the row around them.
+way. Outcomes are recorded by the run's end (:mod:`loops.services.endings`) in the transaction
+that ends the run, so no failure is lost or counted twice. Decisions are pure functions of a
+:class:`Breaker` and ``now`` (tests inject the clock); the database layer locks the row around
+them.
 """
 
 from __future__ import annotations
@@ -227,19 +228,24 @@ def breaker_start_probe(pattern: LoopPattern, run_id: uuid.UUID) -> None:
     _save(row, start_probe(_from_row(row), str(run_id)))
 
 
+def records_nothing(breaker: Breaker, outcome: Outcome, run_id: str) -> bool:
+    """Whether counting ``outcome`` leaves ``breaker`` as it is, known without a lock: a success
+    while it is closed with no failures, and an end that is neither a success nor a failure of
+    a run that is not its probe. ``transitions._ENDS_CLEANLY`` states the same rule in SQL."""
+    if outcome == Outcome.SUCCESS:
+        return breaker.state == State.CLOSED and not breaker.failures
+    return outcome == Outcome.NEUTRAL and breaker.probe != run_id
+
+
 def breaker_record_outcome(*, pattern_id: int, run_id: uuid.UUID, status: str) -> Breaker | None:
     """Count a run that just ended (call in the transaction that ends it).
 
-    Returns the breaker when it changed state (tripped, re-opened, closed), else None. The
-    common cases write nothing: a success while the breaker is closed with no failures, and a
-    cancel of a run that is not the probe.
+    Returns the breaker when it changed state (tripped, re-opened, closed), else None; writes
+    nothing when :func:`records_nothing` says so.
     """
     outcome = outcome_of(status)
     pattern = LoopPattern.objects.get(pk=pattern_id)
-    current = breaker_read(pattern)
-    if outcome == Outcome.SUCCESS and current.state == State.CLOSED and not current.failures:
-        return None
-    if outcome == Outcome.NEUTRAL and current.probe != str(run_id):
+    if records_nothing(breaker_read(pattern), outcome, str(run_id)):
         return None
     policy = _breaker_policy(pattern)
     row = _locked(pattern, policy)

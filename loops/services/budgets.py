@@ -32,13 +32,9 @@ day's budget is one shared pool whatever each run pinned.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -48,280 +44,39 @@ from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 from pydantic import ValidationError
 
-from loops import db, state
+from loops import state
 from loops.models import LoopEvent, LoopPattern, LoopRun, UsageBucket
-from loops.policy import Budget, PatternPolicy, ToolLoopPolicy, pydantic_errors
+from loops.policy import Budget, pydantic_errors
+from loops.services import budget_sql
+from loops.services.budget_rules import (
+    ADMISSION_RETRY_SECONDS,
+    DAILY,
+    INVOCATION_STARTED,
+    METERED,
+    METRICS,
+    BudgetAdmission,
+    Exhausted,
+    InvocationStart,
+    RunLimits,
+    amount,
+    daily_scope,
+    has_room,
+    high_water_metric,
+    invocation_amounts,
+    limits_from_row,
+    limits_of,
+    metered,
+    number,
+    parallel_admissible,
+    policy_of,
+    raise_problem,
+    spent_message,
+)
+from loops.services.budget_sql import fence_limits_sql
 from loops.services.transitions import Lease, run_event_append
 from orchestrator.errors import Conflict, InvalidInput
-from runtime.invocation import BudgetExhausted, LeaseLost
-
-COUNTED = ("invocations", "toolCalls", "delegations", "verifications")
-METERED = ("tokens", "cost")
-METRICS = (*COUNTED, *METERED)
-PER_RUN, DAILY = "perRun", "daily"
-#: Tools whose calls are delegations to another employee (counted as tool calls too).
-DELEGATION_TOOLS = frozenset({"dispatch_sub_agent_task"})
-#: A parallel model call is admitted only while the headroom covers this many times the
-#: largest call charged today for every call in flight (calls grow as conversations do).
-PARALLEL_MARGIN = 2
-#: How long a model call waits before asking again for admission on a shared budget.
-ADMISSION_RETRY_SECONDS = 0.2
-_QUANTUM = Decimal("0.000001")
-
-
-# --- pure arithmetic ---------------------------------------------------------------------------
-
-
-def run_scope(run_id: uuid.UUID) -> str:
-    return f"run:{run_id}"
-
-
-def daily_scope(pattern_id: int, now: datetime) -> str:
-    """The pattern's bucket scope for the UTC day of ``now``."""
-    return f"pattern:{pattern_id}:{now.astimezone(UTC).date().isoformat()}"
-
-
-def next_reset(now: datetime) -> datetime:
-    """When the daily budgets start over: the next 00:00 UTC."""
-    day = now.astimezone(UTC).date() + timedelta(days=1)
-    return datetime(day.year, day.month, day.day, tzinfo=UTC)
-
-
-def high_water_metric(metric: str) -> str:
-    """The bucket that keeps the largest single charge of a metered metric in a scope."""
-    return f"{metric}:max_call"
-
-
-def limits_of(budget: Budget) -> dict[str, Decimal]:
-    """The bounded metrics of a budget section, as decimals."""
-    return {
-        metric: amount(value)
-        for metric in METRICS
-        if (value := getattr(budget, metric)) is not None
-    }
-
-
-def amount(value: Any) -> Decimal:
-    return Decimal(str(value)).quantize(_QUANTUM)
-
-
-def fits(used: Decimal, n: Decimal, limit: Decimal) -> bool:
-    """A counted unit may be taken: usage after it stays within the limit."""
-    return used + n <= limit
-
-
-def has_room(used: Decimal, limit: Decimal) -> bool:
-    """A metered call may start: the budget is not used up yet."""
-    return used < limit
-
-
-def parallel_admissible(used: Decimal, limit: Decimal, in_flight: int, high_water: Decimal) -> bool:
-    """May a model call start beside ``in_flight`` others on a shared metered budget?
-
-    Alone, whenever there is room. Beside others only when, counting each call in flight (and
-    this one) at ``PARALLEL_MARGIN`` times the largest call charged so far, the budget still
-    holds them all; an unknown size (nothing charged yet) never runs in parallel.
-    """
-    if not has_room(used, limit):
-        return False
-    if in_flight == 0:
-        return True
-    if high_water <= 0:
-        return False
-    return used + (in_flight + 1) * PARALLEL_MARGIN * high_water <= limit
-
-
-def number(metric: str, value: Decimal) -> int | float:
-    """A usage figure for JSON: whole units for everything but cost."""
-    return float(value) if metric == "cost" else int(value)
-
-
-def shown(metric: str, value: Decimal) -> str:
-    return f"{number(metric, value):g}" if metric == "cost" else str(int(value))
-
-
-@dataclass(frozen=True)
-class Exhausted:
-    """A budget without room: which one, and how far it was used."""
-
-    kind: str
-    scope: str
-    metric: str
-    used: Decimal
-    limit: Decimal
-
-    @property
-    def code(self) -> str:
-        return f"budget_exhausted:{self.metric}"
-
-    @property
-    def reason(self) -> str:
-        label = "per-run" if self.kind == PER_RUN else "daily"
-        figures = f"{shown(self.metric, self.used)}/{shown(self.metric, self.limit)}"
-        return f"{label} budget {self.metric} exhausted ({figures})"
-
-    def data(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "kind": self.kind,
-            "metric": self.metric,
-            "used": number(self.metric, self.used),
-            "limit": number(self.metric, self.limit),
-        }
-
-    def error(self) -> BudgetExhausted:
-        return BudgetExhausted(self.reason, code=self.code, data=self.data())
-
-
-# --- what a run is bound by --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunLimits:
-    """A run's limits at one moment: its own (snapshot), its pattern's day, its tool-loop."""
-
-    run_id: uuid.UUID
-    pattern_id: int
-    per_run: dict[str, Decimal]
-    daily: dict[str, Decimal]
-    tool_loop: ToolLoopPolicy
-    day: str
-    #: MD5s of the two JSON texts the limits were read from, as the database renders them
-    #: (None when they came decoded): :func:`fence_unchanged_sql` proves them unchanged.
-    fingerprint: tuple[str, str] | None = None
-
-    def sections(self) -> list[tuple[str, str, dict[str, Decimal]]]:
-        """(kind, scope, limits), per-run first: the order buckets are always touched in."""
-        return [(PER_RUN, run_scope(self.run_id), self.per_run), (DAILY, self.day, self.daily)]
-
-
-def _policy(data: Any) -> PatternPolicy | None:
-    try:
-        return PatternPolicy.model_validate(data or {})
-    except ValidationError:
-        return None
-
-
-@dataclass(frozen=True)
-class _Parsed:
-    per_run: dict[str, Decimal]
-    daily: dict[str, Decimal]
-    tool_loop: ToolLoopPolicy
-    fingerprint: tuple[str, str]
-
-
-def _as_text(value: Any) -> str:
-    """A JSON column as its text: the key of the parse cache (raw SQL returns text)."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True)
-
-
-@functools.lru_cache(maxsize=512)
-def _parsed(snapshot: str, pattern_policy: str) -> _Parsed:
-    """The limits of a (run snapshot, pattern policy) pair of JSON texts. Cached: the texts
-    only change when a policy does, and validating them is most of a step's CPU otherwise."""
-    pinned = _policy(json.loads(snapshot) if snapshot else {}) or PatternPolicy()
-    # The day's budget is the pattern's as it stands now; a stored policy that no longer
-    # parses (it was validated when saved) falls back to what the run pinned.
-    current = (_policy(json.loads(pattern_policy)) if pattern_policy else None) or pinned
-    return _Parsed(
-        per_run=limits_of(pinned.budgets.perRun),
-        daily=limits_of(current.budgets.daily),
-        tool_loop=pinned.toolLoop,
-        fingerprint=(_md5(snapshot), _md5(pattern_policy)),
-    )
-
-
-def _md5(text: str) -> str:
-    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
-
-
-def limits_from_row(
-    run_id: uuid.UUID,
-    pattern_id: int,
-    snapshot: Any,
-    pattern_policy: Any,
-    now: datetime | None = None,
-) -> RunLimits:
-    """A run's limits from its row's ``policy_snapshot`` and its pattern's ``policy`` (JSON
-    text as raw SQL returns it, or decoded), read by the caller in its own statement."""
-    parsed = _parsed(_as_text(snapshot), _as_text(pattern_policy))
-    as_stored = all(value is None or isinstance(value, str) for value in (snapshot, pattern_policy))
-    return RunLimits(
-        run_id=run_id,
-        pattern_id=int(pattern_id),
-        per_run=dict(parsed.per_run),
-        daily=dict(parsed.daily),
-        tool_loop=parsed.tool_loop,
-        day=daily_scope(int(pattern_id), now or timezone.now()),
-        fingerprint=parsed.fingerprint if as_stored else None,
-    )
-
-
-#: The columns :func:`limits_from_row` needs, for a statement on ``loops_looprun`` (a
-#: ``RETURNING`` list or a ``SELECT``): pattern id, pinned snapshot, the pattern's policy now.
-LIMIT_COLUMNS = (
-    "pattern_id, policy_snapshot, "
-    "(SELECT p.policy FROM loops_looppattern p WHERE p.id = loops_looprun.pattern_id)"
-)
-
-
-def fence_limits_sql(
-    lease: Lease,
-    *,
-    step_increment: int = 0,
-    event_increment: int = 0,
-    release_admission: bool = False,
-    steps_before: int | None = None,
-) -> tuple[str, list[Any]]:
-    """The statement of :func:`fenced_limits`, for a caller that sends it in a batch (its one
-    row, or none when the lease is lost, goes to :func:`limits_from_fence`). ``steps_before``
-    also requires the run's step count to be that (a journal that numbered its steps itself)."""
-    release = ", model_call_token = NULL" if release_admission else ""
-    expected = "" if steps_before is None else " AND step_count = %s"
-    sql = (
-        "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"event_seq = event_seq + %s, updated_at = {db.now_sql()}{release} "
-        f"WHERE id = %s AND lease_owner = %s AND lease_token = %s{expected} "
-        f"RETURNING step_count, event_seq, {LIMIT_COLUMNS}"
-    )
-    params = [step_increment, event_increment, db.uuid_param(lease.run_id), lease.owner]
-    return sql, [*params, lease.token, *([] if steps_before is None else [steps_before])]
-
-
-def fence_unchanged_sql(
-    lease: Lease,
-    limits: RunLimits,
-    *,
-    steps_before: int,
-    step_increment: int,
-    call_hash: str,
-    occurrences_below: int,
-) -> tuple[str, list[Any]]:
-    """The fence of :func:`fence_limits_sql` (PostgreSQL) that also requires what made a write
-    plain when the caller last read the run: the run has exactly ``steps_before`` steps, its
-    policy snapshot and its pattern's policy are the texts ``limits`` were read from (their
-    MD5s), and fewer than ``occurrences_below`` earlier tool steps carry ``call_hash``. It
-    returns the new step count, or no row when anything differs (or the lease is lost), and
-    then changes nothing: statements guarded by that step count (``step_sql``) write nothing
-    either, and the caller reads the run again."""
-    assert limits.fingerprint is not None
-    sql = (
-        "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"updated_at = {db.now_sql()}, model_call_token = NULL "
-        "WHERE id = %s AND lease_owner = %s AND lease_token = %s AND step_count = %s "
-        "AND md5(COALESCE(policy_snapshot::text, '')) = %s "
-        "AND md5(COALESCE((SELECT p.policy::text FROM loops_looppattern p "
-        "WHERE p.id = loops_looprun.pattern_id), '')) = %s "
-        "AND (SELECT COUNT(*) FROM loops_loopstep s WHERE s.run_id = loops_looprun.id "
-        "AND s.call_hash = %s AND s.kind = 'tool') < %s "
-        "RETURNING step_count"
-    )
-    params = [step_increment, lease.run_id, lease.owner, lease.token, steps_before]
-    return sql, [*params, *limits.fingerprint, call_hash, occurrences_below]
+from orchestrator.sql import execute, fetch_all
+from runtime.invocation import LeaseLost
 
 
 def limits_from_fence(lease: Lease, rows: list[tuple[Any, ...]]) -> tuple[int, int, RunLimits]:
@@ -354,22 +109,16 @@ def fenced_limits(
         event_increment=event_increment,
         release_admission=release_admission,
     )
-    return limits_from_fence(lease, db.fetch_all(sql, params))
+    return limits_from_fence(lease, fetch_all(sql, params))
 
 
 def run_limits(run_id: uuid.UUID, now: datetime | None = None) -> RunLimits:
     """Read a run's limits from the database (so a raise is seen at the next check)."""
-    rows = db.fetch_all(
-        f"SELECT {LIMIT_COLUMNS} FROM loops_looprun WHERE id = %s",  # noqa: S608 (constants)
-        [db.uuid_param(run_id)],
-    )
+    rows = fetch_all(*budget_sql.run_limits_sql(run_id))
     if not rows:
         raise LoopRun.DoesNotExist(f"run {run_id} does not exist")
     pattern_id, snapshot, pattern_policy = rows[0]
     return limits_from_row(run_id, pattern_id, snapshot, pattern_policy, now)
-
-
-# --- buckets -----------------------------------------------------------------------------------
 
 
 def _ensure(scope: str, metrics: Iterable[str]) -> None:
@@ -396,32 +145,12 @@ def _lock(scope: str, metrics: list[str]) -> dict[str, Decimal]:
     return {m: amount(values.get(m) or 0) for m in metrics}
 
 
-def _param(value: Decimal) -> Any:
-    """A number for raw SQL: SQLite compares a text parameter (how Decimal is sent) as greater
-    than any number, so it gets an int or a float."""
-    if db.is_postgres():
-        return value
-    return int(value) if value == value.to_integral_value() else float(value)
-
-
 def _upsert(scope: str, metric: str, n: Decimal, limit: Decimal | None) -> bool:
-    """Add ``n`` to the bucket (created at ``n``), unless the sum would pass ``limit``.
-
-    One ``INSERT … ON CONFLICT DO UPDATE … WHERE``: the database locks the existing row and
-    judges the condition on its latest committed value, so parallel writers never overtake one
-    another; the row count says whether it was applied.
-    """
+    """Add ``n`` to the bucket unless the sum would pass ``limit`` (``budget_sql.upsert_sql``);
+    whether it was added."""
     if limit is not None and n > limit:
         return False
-    guard = "" if limit is None else " WHERE loops_usagebucket.value + excluded.value <= %s"
-    now = db.now_sql()
-    sql = (
-        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "  # noqa: S608 (constants and placeholders only)
-        f"VALUES (%s, %s, %s, {now}) ON CONFLICT (scope, metric) DO UPDATE SET "
-        f"value = loops_usagebucket.value + excluded.value, updated_at = {now}{guard}"
-    )
-    params = [scope, metric, _param(n), *([] if limit is None else [_param(limit)])]
-    return db.execute(sql, params) == 1
+    return execute(*budget_sql.upsert_sql(scope, metric, n, limit)) == 1
 
 
 def _take(
@@ -435,19 +164,10 @@ def _take(
 
 
 def _add_many(rows: list[tuple[str, str, Decimal]]) -> None:
-    """Add to several buckets whatever their limits, in one multi-row upsert (rows are taken
-    in the given order, which must be the one order every writer uses: per-run scope first,
-    then the day, metrics sorted)."""
-    if not rows:
-        return
-    now = db.now_sql()
-    values = ", ".join([f"(%s, %s, %s, {now})"] * len(rows))
-    sql = (
-        "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "  # noqa: S608 (constants and placeholders only)
-        f"VALUES {values} ON CONFLICT (scope, metric) DO UPDATE SET "
-        f"value = loops_usagebucket.value + excluded.value, updated_at = {now}"
-    )
-    db.execute(sql, [p for scope, metric, n in rows for p in (scope, metric, _param(n))])
+    """Add to several buckets whatever their limits, in one statement (rows in the one order
+    every writer uses: per-run scope first, then the day, metrics sorted)."""
+    if rows:
+        execute(*budget_sql.add_many_sql(rows))
 
 
 def _raise_to(scope: str, metric: str, n: Decimal) -> None:
@@ -517,11 +237,6 @@ def budget_charge(
         )
 
 
-# --- the engine's checkpoints ------------------------------------------------------------------
-
-INVOCATION_STARTED = "invocation.started"
-
-
 def budget_invocation_start(lease: Lease, *, role: str, invocation: str) -> bool:
     """Count an invocation (and a verification for the verifier) as it starts, once.
 
@@ -529,19 +244,6 @@ def budget_invocation_start(lease: Lease, *, role: str, invocation: str) -> bool
     when a budget has no room for it, counting nothing.
     """
     return budget_invocation_begin(lease, role=role, invocation=invocation).started
-
-
-@dataclass(frozen=True)
-class InvocationStart:
-    """:func:`budget_invocation_begin`'s answer: ``started`` False for a resumed invocation
-    (already counted); ``metered`` whether a tokens or cost limit binds the run."""
-
-    started: bool
-    metered: bool
-    #: The run's step count now: the lease holder's journal numbers its next steps from it.
-    steps: int = 0
-    #: The run's limits now (its journal decides from them which reads may run first).
-    limits: RunLimits | None = None
 
 
 @transaction.atomic
@@ -563,14 +265,9 @@ def budget_invocation_begin(lease: Lease, *, role: str, invocation: str) -> Invo
         data={"invocation": invocation, "role": role},
     )
     # The counts last (a refusal rolls the event back): shared rows are locked briefly.
-    amounts = {"invocations": 1, **({"verifications": 1} if role == "verifier" else {})}
-    budget_take(limits, amounts)
+    budget_take(limits, invocation_amounts(role))
     require_room(limits)
     return InvocationStart(started=True, metered=metered(limits), steps=steps, limits=limits)
-
-
-def tool_call_amounts(name: str) -> dict[str, int]:
-    return {"toolCalls": 1, **({"delegations": 1} if name in DELEGATION_TOOLS else {})}
 
 
 def _live_calls(pattern_id: int, run_id: uuid.UUID) -> int:
@@ -586,20 +283,6 @@ def _live_calls(pattern_id: int, run_id: uuid.UUID) -> int:
         .exclude(pk=run_id)
         .count()
     )
-
-
-def metered(limits: RunLimits) -> bool:
-    """Does any tokens or cost limit bind the run (its own or its pattern's day)?"""
-    return any(m in limits.per_run or m in limits.daily for m in METERED)
-
-
-@dataclass(frozen=True)
-class BudgetAdmission:
-    """:func:`budget_admission`'s answer: ``wait`` None (admitted) or seconds to wait before
-    asking again; ``metered`` whether a tokens or cost limit bound the run when asked."""
-
-    wait: float | None
-    metered: bool
 
 
 def budget_admit_model_call(lease: Lease) -> float | None:
@@ -620,10 +303,6 @@ def budget_admission(lease: Lease) -> BudgetAdmission:
     _, _, limits = fenced_limits(lease)
     wait = _admit(lease, limits)
     return BudgetAdmission(wait=wait, metered=metered(limits))
-
-
-#: How long a journal may go without asking for admission when no metered limit binds it.
-ADMISSION_RECHECK_SECONDS = 1.0
 
 
 def _admit(lease: Lease, limits: RunLimits) -> float | None:
@@ -647,12 +326,9 @@ def _admit(lease: Lease, limits: RunLimits) -> float | None:
     return None
 
 
-# --- trigger refusal and operator raises ------------------------------------------------------
-
-
 def daily_exhaustion(pattern: LoopPattern, now: datetime | None = None) -> Exhausted | None:
     """The first daily budget of the pattern that is used up today, if any."""
-    policy = _policy(pattern.policy)
+    policy = policy_of(pattern.policy)
     if policy is None:
         return None
     bounds = limits_of(policy.budgets.daily)
@@ -663,28 +339,11 @@ def daily_exhaustion(pattern: LoopPattern, now: datetime | None = None) -> Exhau
     return None
 
 
-def spent_message(spent: Exhausted, now: datetime) -> str:
-    return f"{spent.reason}; it resets at {iso(next_reset(now))}"
-
-
 def daily_budget_refusal(pattern: LoopPattern, now: datetime | None = None) -> str | None:
     """Why the pattern refuses new runs because of its daily budget, or None."""
     now = now or timezone.now()
     spent = daily_exhaustion(pattern, now)
     return spent_message(spent, now) if spent else None
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _raise_problem(metric: str, old: Any, new: Any) -> str | None:
-    """Why setting ``metric`` from ``old`` to ``new`` (None: no limit) is not a raise."""
-    if old is None and new is not None:
-        return f"{metric} has no per-run limit on this run; {new} would lower it"
-    if old is not None and new is not None and new < old:
-        return f"{metric} is limited to {old} on this run; {new} would lower it"
-    return None
 
 
 def _raised_limits(current: Budget, raised: Budget) -> dict[str, dict[str, Any]]:
@@ -694,7 +353,7 @@ def _raised_limits(current: Budget, raised: Budget) -> dict[str, dict[str, Any]]
     errors = []
     for metric in sorted(raised.model_fields_set):
         old, new = getattr(current, metric), getattr(raised, metric)
-        problem = _raise_problem(metric, old, new)
+        problem = raise_problem(metric, old, new)
         if problem:
             errors.append({"pointer": f"/perRun/{metric}", "detail": problem, "code": "lower"})
         else:

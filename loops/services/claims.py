@@ -23,7 +23,21 @@ from loops import db, state
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus
 from loops.services import claim_sql
 from loops.services.claims_failures import reaped_exhaustion_reason
-from loops.services.transitions import Lease, run_transition
+from loops.services.endings import run_transition
+from loops.services.locks import path_locks_sweep
+from loops.services.nudges import nudge_run
+from loops.services.transitions import Lease
+from loops.services.workspaces import workspaces_root
+from orchestrator.sql import (
+    fetch_all,
+    is_postgres,
+    now_plus_sql,
+    now_sql,
+    placeholders,
+    seconds_param,
+    skip_locked,
+    uuid_param,
+)
 from runtime.invocation import StepRecord
 
 _CLAIMABLE = [s.value for s in state.CLAIMABLE]
@@ -48,7 +62,7 @@ class Claimed:
 def _candidates(
     limit: int, run_ids: Sequence[uuid.UUID] | None
 ) -> list[tuple[Any, str, int, int | None]]:
-    rows = db.fetch_all(*_candidates_sql(limit, run_ids))
+    rows = fetch_all(*_candidates_sql(limit, run_ids))
     return [(row[0], row[1], row[2], row[3]) for row in rows]
 
 
@@ -56,25 +70,25 @@ def _candidates_sql(limit: int, run_ids: Sequence[uuid.UUID] | None) -> tuple[st
     """Claimable runs (of ``run_ids`` only, when given), locked (skipping those another
     claimer holds): id, status, pattern, its concurrency limit, and the lease token, event seq
     and attempts the claim raises."""
-    in_flight = db.placeholders(_IN_FLIGHT)
-    where_id = f"AND r.id IN ({db.placeholders(run_ids)}) " if run_ids is not None else ""
+    in_flight = placeholders(_IN_FLIGHT)
+    where_id = f"AND r.id IN ({placeholders(run_ids)}) " if run_ids is not None else ""
     sql = (
         "SELECT r.id, r.status, r.pattern_id, p.max_concurrency, r.lease_token, r.event_seq, "
         "r.attempts "
         "FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id "
-        f"WHERE r.status IN ({db.placeholders(_CLAIMABLE)}) "
-        f"AND (r.not_before IS NULL OR r.not_before <= {db.now_sql()}) "
-        f"AND (r.lease_expires_at IS NULL OR r.lease_expires_at < {db.now_sql()}) "
+        f"WHERE r.status IN ({placeholders(_CLAIMABLE)}) "
+        f"AND (r.not_before IS NULL OR r.not_before <= {now_sql()}) "
+        f"AND (r.lease_expires_at IS NULL OR r.lease_expires_at < {now_sql()}) "
         f"{where_id}"
         "AND (p.max_concurrency IS NULL OR (SELECT count(*) FROM loops_looprun r2 "
         f"WHERE r2.pattern_id = r.pattern_id AND r2.status IN ({in_flight})) < p.max_concurrency) "
         "ORDER BY r.id LIMIT %s"
     )
-    if db.is_postgres():
+    if is_postgres():
         sql += " FOR UPDATE OF r SKIP LOCKED"
     params: list[Any] = [*_CLAIMABLE]
     if run_ids is not None:
-        params += [db.uuid_param(run_id) for run_id in run_ids]
+        params += [uuid_param(run_id) for run_id in run_ids]
     params += [*_IN_FLIGHT, limit]
     return sql, params
 
@@ -100,22 +114,22 @@ def _within_concurrency(rows: list[tuple[Any, str, int, int | None]]) -> list[tu
 
 def _take(owner: str, lease_seconds: float, ids: list[Any]) -> list[tuple[Any, int, int, int]]:
     sql, params = _take_sql(owner, lease_seconds, ids)
-    rows = db.fetch_all(f"{sql} RETURNING id, lease_token, event_seq, attempts", params)
+    rows = fetch_all(f"{sql} RETURNING id, lease_token, event_seq, attempts", params)
     return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
 
 
 def _take_sql(owner: str, lease_seconds: float, ids: list[Any]) -> tuple[str, list[Any]]:
     """The lease on locked candidates: owner, a new token (+1), expiry on the database
     clock, one more attempt and one more event."""
-    now = db.now_sql()
+    now = now_sql()
     sql = (
         "UPDATE loops_looprun SET status = %s, lease_owner = %s, lease_token = lease_token + 1, "
-        f"lease_expires_at = {db.now_plus_sql()}, heartbeat_at = {now}, "
+        f"lease_expires_at = {now_plus_sql()}, heartbeat_at = {now}, "
         f"attempts = attempts + 1, started_at = COALESCE(started_at, {now}), "
         f"event_seq = event_seq + 1, updated_at = {now}, lock_wait_since = NULL "
-        f"WHERE id IN ({db.placeholders(ids)})"
+        f"WHERE id IN ({placeholders(ids)})"
     )
-    return sql, [RunStatus.PREPARING.value, owner, db.seconds_param(lease_seconds), *ids]
+    return sql, [RunStatus.PREPARING.value, owner, seconds_param(lease_seconds), *ids]
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
@@ -161,8 +175,6 @@ def run_claim(
 def _claim_one_statement(
     owner: str, lease_seconds: float, limit: int, run_ids: Sequence[uuid.UUID] | None
 ) -> list[Claimed]:
-    from loops.services.workspaces import workspaces_root
-
     statement = claim_sql.claim_statement(
         owner=owner,
         lease_seconds=lease_seconds,
@@ -221,13 +233,13 @@ def run_heartbeat(*, owner: str, run_ids: list[uuid.UUID], lease_seconds: float)
     if not run_ids:
         return set()
     sql = (
-        f"UPDATE loops_looprun SET lease_expires_at = {db.now_plus_sql()}, "
-        f"heartbeat_at = {db.now_sql()} "
-        f"WHERE lease_owner = %s AND id IN ({db.placeholders(run_ids)}) RETURNING id"
+        f"UPDATE loops_looprun SET lease_expires_at = {now_plus_sql()}, "
+        f"heartbeat_at = {now_sql()} "
+        f"WHERE lease_owner = %s AND id IN ({placeholders(run_ids)}) RETURNING id"
     )
-    params = [db.seconds_param(lease_seconds), owner, *[db.uuid_param(r) for r in run_ids]]
+    params = [seconds_param(lease_seconds), owner, *[uuid_param(r) for r in run_ids]]
     with transaction.atomic():
-        return {_as_uuid(row[0]) for row in db.fetch_all(sql, params)}
+        return {_as_uuid(row[0]) for row in fetch_all(sql, params)}
 
 
 @dataclass
@@ -240,10 +252,9 @@ class ReapReport:
 def _expired_leases(limit: int) -> list[uuid.UUID]:
     sql = (
         "SELECT id FROM loops_looprun WHERE lease_owner IS NOT NULL "
-        f"AND lease_expires_at < {db.now_sql()} ORDER BY lease_expires_at LIMIT %s"
-        + db.skip_locked()
+        f"AND lease_expires_at < {now_sql()} ORDER BY lease_expires_at LIMIT %s" + skip_locked()
     )
-    return [_as_uuid(row[0]) for row in db.fetch_all(sql, [limit])]
+    return [_as_uuid(row[0]) for row in fetch_all(sql, [limit])]
 
 
 def _reap_one(run_id: uuid.UUID, report: ReapReport) -> None:
@@ -282,16 +293,14 @@ def _reap_one(run_id: uuid.UUID, report: ReapReport) -> None:
 def _expired_leases_for(run_id: uuid.UUID) -> tuple[int, int, str] | None:
     sql = (
         "SELECT attempts, max_attempts, status FROM loops_looprun WHERE id = %s "
-        f"AND lease_owner IS NOT NULL AND lease_expires_at < {db.now_sql()}" + db.skip_locked()
+        f"AND lease_owner IS NOT NULL AND lease_expires_at < {now_sql()}" + skip_locked()
     )
-    rows = db.fetch_all(sql, [db.uuid_param(run_id)])
+    rows = fetch_all(sql, [uuid_param(run_id)])
     return (int(rows[0][0]), int(rows[0][1]), str(rows[0][2])) if rows else None
 
 
 def runs_reap(*, limit: int = 500) -> ReapReport:
     """Re-queue runs whose lease expired (their worker died), or fail them past the limit."""
-    from loops.services.locks import path_locks_sweep
-
     report = ReapReport(requeued=[], failed=[])
     with transaction.atomic():
         candidates = _expired_leases(limit)
@@ -304,8 +313,6 @@ def runs_reap(*, limit: int = 500) -> ReapReport:
 
 def _renudge_stale_queued(older_than_seconds: float = 10.0, limit: int = 200) -> None:
     """Queued runs that nobody picked up (their nudge was lost) get a new nudge."""
-    from loops.services.nudges import nudge_run
-
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     due = LoopRun.objects.filter(
         Q(not_before__isnull=True) | Q(not_before__lte=cutoff),

@@ -21,9 +21,10 @@ from typing import Any
 
 from django.db import transaction
 
-from loops import db
 from loops.models import LoopEvent, LoopRun, RunStatus
-from loops.services.transitions import Lease, run_transition
+from loops.services.endings import run_transition
+from loops.services.transitions import Lease
+from orchestrator.sql import time_in
 
 #: Seconds before a run whose driver raised is claimed again, per attempt so far (capped).
 DRIVER_ERROR_RETRY_SECONDS = 2.0
@@ -153,6 +154,6 @@ def run_driver_error(lease: Lease, error: str) -> str:
         event_type="driver.error",
         data={**data, "retry_in_seconds": delay},
         # A driver error is no clean release: the streak of attempts goes on.
-        fields={"not_before": db.time_in(delay), "attempts": attempts},
+        fields={"not_before": time_in(delay), "attempts": attempts},
     )
     return RunStatus.QUEUED.value

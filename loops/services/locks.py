@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from django.db import connection, transaction
 
 from loops.models import LoopRun, PathLock, RunStatus
+from loops.services.nudges import nudge_run
 from loops.state import TERMINAL
+from orchestrator.sql import time_now
 
 
 def normalize_path(path: str) -> str:
@@ -83,9 +85,6 @@ def path_locks_release(*, run_id: uuid.UUID) -> list[str]:
 
 
 def _wake_lock_waiters(repository_keys: set[str]) -> None:
-    from loops import db
-    from loops.services.nudges import nudge_run
-
     waiting = list(
         LoopRun.objects.filter(
             status=RunStatus.WAITING_LOCK,
@@ -94,7 +93,7 @@ def _wake_lock_waiters(repository_keys: set[str]) -> None:
     )
     # Make them due now rather than at their next retry time, then wake a worker.
     LoopRun.objects.filter(id__in=waiting, status=RunStatus.WAITING_LOCK).update(
-        not_before=db.time_now()
+        not_before=time_now()
     )
     for run_id in waiting:
         nudge_run(run_id)

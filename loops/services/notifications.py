@@ -14,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import transaction
 
 from loops.models import ActionApproval
+from orchestrator.queue import enqueue
 from runtime import outbound, outbound_http
 
 logger = logging.getLogger(__name__)
@@ -27,17 +27,8 @@ WEBHOOK_TIMEOUT_SECONDS = 10.0
 def notify_approvals(approval_ids: list[uuid.UUID]) -> None:
     if not (settings.LOOPWRIGHT["APPROVAL_WEBHOOK_URL"] or settings.LOOPWRIGHT["APPROVAL_EMAILS"]):
         return
-    ids = [str(i) for i in approval_ids]
-
-    def send() -> None:
-        from loops.tasks import notify_approvals_task
-
-        try:
-            notify_approvals_task.apply_async(args=(ids,), retry=False)
-        except Exception as exc:  # broker down: the approval is still visible in the UI and API
-            logger.warning("could not queue approval notification: %s", type(exc).__name__)
-
-    transaction.on_commit(send)
+    # A broker that is down loses the notice only: the approval is in the UI and the API.
+    enqueue("loops.notify_approvals", [str(i) for i in approval_ids], retry=False)
 
 
 def approval_message(approval: ActionApproval) -> dict[str, Any]:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.db import transaction
 from django.db.models import F
 
+from harness.services import harness_tag_exists
 from loops.models import AutonomyLevel, LoopPattern, TriggerType
 from loops.policy import parse_policy
+from loops.services.schedules import cron_schedule_sync
 from loops.templates import check_template
-from loops.triggers.scheduler import cron_schedule_sync
 from orchestrator.errors import InvalidInput
 
 PATTERN_FIELDS = (
@@ -106,8 +108,6 @@ def _trigger_errors(p: LoopPattern) -> list[dict[str, str]]:
 
 
 def _valid_timezone(name: str) -> bool:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
@@ -116,8 +116,6 @@ def _valid_timezone(name: str) -> bool:
 
 
 def _harness_errors(p: LoopPattern) -> list[dict[str, str]]:
-    from harness.services import harness_tag_exists
-
     errors = []
     for field in ("leader_harness_tag", "maker_harness_tag", "verifier_harness_tag"):
         tag = getattr(p, field)

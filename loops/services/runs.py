@@ -9,15 +9,19 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from harness.services import harness_snapshot
 from loops import state
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus, TriggerType
 from loops.policy import PatternPolicy, parse_policy
 from loops.services.breakers import breaker_admit_trigger, breaker_start_probe
-from loops.services.budgets import daily_exhaustion, spent_message
+from loops.services.budget_rules import spent_message
+from loops.services.budgets import daily_exhaustion
+from loops.services.endings import run_transition
 from loops.services.nudges import nudge_run
-from loops.services.transitions import Lease, LeaseLost, run_event_append, run_transition
+from loops.services.transitions import Lease, run_event_append
 from loops.templates import render_goal
 from orchestrator.errors import Conflict
+from runtime.invocation import LeaseLost
 
 
 def role_bindings_of(pattern: LoopPattern) -> dict[str, Any]:
@@ -35,8 +39,6 @@ def role_harness_snapshots(
 
     The roles' layers differ only in their profile (no employee layer is stacked), so each
     profile is compiled once and every role of it gets its own copy."""
-    from harness.services import harness_snapshot
-
     compiled: dict[str, dict[str, Any]] = {}
 
     def compile_for(tag: str, employee: str) -> dict[str, Any]:

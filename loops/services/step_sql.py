@@ -23,7 +23,9 @@ from django.utils import timezone
 
 from loops import db
 from loops.models import LoopEvent, LoopStep, StepStatus
+from loops.services.budget_sql import number_param
 from loops.services.transitions import Lease
+from orchestrator.sql import now_sql, uuid_param
 
 Statement = tuple[str, list[Any]]
 
@@ -62,7 +64,7 @@ FENCE = "r.id = %s AND r.lease_owner = %s AND r.lease_token = %s"
 
 
 def fence_params(lease: Lease) -> list[Any]:
-    return [db.uuid_param(lease.run_id), lease.owner, lease.token]
+    return [uuid_param(lease.run_id), lease.owner, lease.token]
 
 
 @functools.cache
@@ -99,7 +101,7 @@ def step_row(**values: Any) -> dict[str, Any]:
     }
 
 
-#: The fence, and the run's step count as a guarded fence (``budgets.fence_unchanged_sql``)
+#: The fence, and the run's step count as a guarded fence (``budget_sql.fence_unchanged_sql``)
 #: leaves it when it matched: a statement with it writes nothing after a fence that did not.
 FENCE_AT_COUNT = f"{FENCE} AND r.step_count = %s"
 
@@ -165,7 +167,7 @@ def _complete_sql() -> str:
 def complete_unless_approved(lease: Lease, seq: int, result: dict[str, Any]) -> Statement:
     """Set a step's result unless it is an approved call (whose execution must be recorded
     too, the caller's slower path); one row when it was set."""
-    params = [*_prepared(result, _RESULT_COLUMNS), db.uuid_param(lease.run_id), seq]
+    params = [*_prepared(result, _RESULT_COLUMNS), uuid_param(lease.run_id), seq]
     return _complete_sql(), [*params, StepStatus.APPROVED.value, *fence_params(lease)]
 
 
@@ -191,7 +193,7 @@ def occurrences(lease: Lease, digest: str) -> Statement:
         f"SELECT COUNT(*) FROM {LoopStep._meta.db_table} "
         "WHERE run_id = %s AND call_hash = %s AND kind = 'tool'"
     )
-    return sql, [db.uuid_param(lease.run_id), digest]
+    return sql, [uuid_param(lease.run_id), digest]
 
 
 def usage_add(
@@ -233,7 +235,7 @@ def _usage_upsert(
     day_rows += [("", f"{metric}:max_call", amounts[metric]) for metric in sorted(high_water)]
     rows = [(f"run:{lease.run_id}", metric, amounts[metric]) for metric in metrics] + day_rows
     values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
-    now = db.now_sql()
+    now = now_sql()
     sql = (
         "INSERT INTO loops_usagebucket (scope, metric, value, updated_at) "
         "SELECT CASE WHEN v.column2 = '' THEN 'pattern:' || CAST(r.pattern_id AS TEXT) || %s "
@@ -248,8 +250,33 @@ def _usage_upsert(
     )
     params: list[Any] = [f":{day}"]
     for ordinal, (scope, metric, n) in enumerate(rows):
-        params += [ordinal, scope, metric, _number(n)]
+        params += [ordinal, scope, metric, number_param(n)]
     return sql, params
+
+
+def invocation_started(lease: Lease, invocation: str) -> Statement:
+    """Whether the run's invocation was started (its ``invocation.started`` event)."""
+    sql = (
+        "SELECT EXISTS (SELECT 1 FROM loops_loopevent WHERE run_id = %s "
+        "AND type = 'invocation.started' AND data->>'invocation' = %s)"
+    )
+    return sql, [lease.run_id, invocation]
+
+
+def call_counts(lease: Lease) -> Statement:
+    """The run's tool steps counted by call hash (the tool-loop policy's counts)."""
+    sql = (
+        "SELECT call_hash, COUNT(*) FROM loops_loopstep WHERE run_id = %s AND kind = 'tool' "
+        "AND call_hash IS NOT NULL GROUP BY call_hash"
+    )
+    return sql, [lease.run_id]
+
+
+#: The journal of one invocation in order: the columns a resume replays.
+STEPS_OF_INVOCATION = (
+    "SELECT seq, kind, status, name, idempotency_key, request, response, error "
+    "FROM loops_loopstep WHERE run_id = %s AND invocation = %s ORDER BY seq"
+)
 
 
 #: Whether the run's invocation ``%s`` was started (its ``invocation.started`` event).
@@ -270,13 +297,13 @@ def invocation_start_unchanged(
 ) -> Statement:
     """An invocation's start in one statement (PostgreSQL), for a caller whose limits
     (``fingerprint``: the MD5s of the run's policy snapshot and its pattern's policy, as
-    ``budgets.RunLimits`` has them) let it start without a judgement. The fence requires the
+    ``budget_rules.RunLimits`` has them) let it start without a judgement. The fence requires the
     lease, those policy texts unchanged and the invocation not started yet; when it matches,
     the run's event seq is raised, the ``invocation.started`` event written and ``amounts``
     counted (:func:`usage_add`), all from the fence's row. Whatever the fence did, the one row
     returned (none: the lease is lost) says: the new event seq (NULL when the fence did not
     match), whether the invocation had started already, the run's step count, its limit
-    columns (``budgets.LIMIT_COLUMNS``) and its tool calls so far by hash (JSON pairs), as the
+    columns (``budget_sql.LIMIT_COLUMNS``) and its tool calls so far by hash (JSON pairs), as the
     statement found them."""
     data = {"invocation": invocation, "role": role}
     event = [
@@ -286,7 +313,7 @@ def invocation_start_unchanged(
     upsert, upsert_params = _usage_upsert(lease, amounts, day, (), "fence r", "TRUE")
     sql = (
         "WITH fence AS (UPDATE loops_looprun r SET event_seq = r.event_seq + 1, "
-        f"updated_at = {db.now_sql()} WHERE {FENCE} "
+        f"updated_at = {now_sql()} WHERE {FENCE} "
         "AND md5(COALESCE(r.policy_snapshot::text, '')) = %s "
         "AND md5(COALESCE((SELECT p.policy::text FROM loops_looppattern p "
         f"WHERE p.id = r.pattern_id), '')) = %s AND NOT {_STARTED} "
@@ -304,11 +331,3 @@ def invocation_start_unchanged(
     )
     params = [*fence_params(lease), *fingerprint, invocation, lease.owner, *event]
     return sql, [*params, *upsert_params, invocation, *fence_params(lease)]
-
-
-def _number(value: Decimal) -> Any:
-    """A number for raw SQL: SQLite compares a text parameter (how Decimal is sent) as greater
-    than any number, so it gets an int or a float."""
-    if db.is_postgres():
-        return value
-    return int(value) if value == value.to_integral_value() else float(value)

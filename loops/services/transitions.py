@@ -3,7 +3,8 @@
 ``run_transition`` locks the run row, checks the transition table and (for a worker) the
 fencing token, updates the row and appends the event — all in one transaction. Leaving an
 active state releases the lease and bumps the token, so a worker that was driving the run
-cannot write anything more (it gets :class:`LeaseLost`).
+cannot write anything more (it gets :class:`LeaseLost`). What an end touches besides the row
+is the caller's ``on_end`` (:mod:`loops.services.endings`); an end without it is refused.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
 from django.db.models import F
@@ -19,11 +20,23 @@ from django.utils import timezone
 
 from loops import db, state
 from loops.models import LoopEvent, LoopRun, RunStatus
+from loops.orm_private import NeedsCompiler, set_clause, update_sql
+from loops.services.nudges import nudge_run
 from loops.state import TransitionRefused
+from orchestrator.sql import fetch_all, now_sql, placeholders, uuid_param
 from runtime.invocation import LeaseLost
 
 #: States that record a ``terminal_reason`` (and usually a ``failure_reason`` text).
 REASONED = frozenset({*state.TERMINAL, RunStatus.WAITING_HUMAN, RunStatus.BLOCKED})
+
+
+class RunEnd(Protocol):
+    """What a run's end touches besides its row, done in the transaction that ends it with the
+    row locked; returns what the end's event records of it."""
+
+    def __call__(
+        self, *, run_id: uuid.UUID, pattern_id: int, actor: str, status: RunStatus
+    ) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -91,23 +104,27 @@ def run_transition(
     expected_from: Iterable[RunStatus] | None = None,
     data: dict[str, Any] | None = None,
     fields: dict[str, Any] | None = None,
+    on_end: RunEnd | None = None,
 ) -> TransitionResult:
     """Move a run to ``to`` and record the event, or refuse with the actual state.
 
     ``lease`` fences a worker's transition; ``expected_from`` narrows the allowed sources
     further than the table (human actions use it). ``fields`` are extra columns to set.
+    ``on_end`` is required for a terminal ``to`` (``endings.run_transition`` passes it).
 
-    A worker's transition with nothing else to do (no path locks to free, no approvals to
-    withdraw, no breaker to move) is one transaction of two round trips on PostgreSQL (the
-    locked row and what the end of the run touches; then the update, the event and the
-    commit). Everything else goes through :func:`_run_transition_exact`.
+    A worker's transition with nothing else to do (for an end: ``on_end`` would write nothing)
+    is one statement on PostgreSQL; everything else goes through :func:`_run_transition_exact`.
     """
+    if to in state.TERMINAL and on_end is None:
+        raise ValueError(f"ending run {run_id} needs on_end: use loops.services.endings")
     sources = None if expected_from is None else frozenset(s.value for s in expected_from)
-    change = _Change(run_id, to, actor, event_type, lease, sources, dict(data or {}), fields or {})
+    change = _Change(
+        run_id, to, actor, event_type, lease, sources, dict(data or {}), fields or {}, on_end
+    )
     if lease is not None and db.batches_are_sent_together():
         try:
             return _run_transition_batched(change)
-        except _NotPlain:
+        except db.NotPlain:
             pass
     return _run_transition_exact(change)
 
@@ -122,10 +139,7 @@ class _Change:
     sources: frozenset[str] | None
     data: dict[str, Any]
     fields: dict[str, Any]
-
-
-class _NotPlain(Exception):
-    """The transition has more to do than the one-statement path does (nothing was written)."""
+    on_end: RunEnd | None
 
 
 def _run_transition_batched(change: _Change) -> TransitionResult:
@@ -137,11 +151,9 @@ def _run_transition_batched(change: _Change) -> TransitionResult:
     with db.batch() as batch:
         written = batch.add(*_transition_statement(change))
     if not written.rows:
-        raise _NotPlain
+        raise db.NotPlain
     current, seq = written.rows[0]
     if change.to == RunStatus.QUEUED:
-        from loops.services.nudges import nudge_run
-
         nudge_run(change.run_id)  # committed: the nudge goes out now
     return TransitionResult(change.run_id, current, change.to.value, int(seq))
 
@@ -160,9 +172,9 @@ def _transition_statement(change: _Change) -> tuple[str, list[Any]]:
     values, _ = _values({"lease_owner": change.lease.owner, "event_seq": 0}, change)
     values["event_seq"] = F("event_seq") + 1
     try:
-        assignments, set_params = db.set_clause(LoopRun, values)
-    except db.NeedsCompiler as unusual:  # a value only the ORM's compiler builds
-        raise _NotPlain from unusual
+        assignments, set_params = set_clause(LoopRun, values)
+    except NeedsCompiler as unusual:  # a value only the ORM's compiler builds
+        raise db.NotPlain from unusual
     prepared = [
         db.prepared(LoopEvent, name, value)
         for name, value in (
@@ -176,7 +188,7 @@ def _transition_statement(change: _Change) -> tuple[str, list[Any]]:
     sql = (
         f"WITH moved AS (UPDATE loops_looprun r SET {assignments} "
         "WHERE r.id = %s AND r.lease_owner = %s AND r.lease_token = %s "
-        f"AND r.status IN ({db.placeholders(sources)}){ends} "
+        f"AND r.status IN ({placeholders(sources)}){ends} "
         "RETURNING r.id, r.event_seq, "
         "(SELECT o.status FROM loops_looprun o WHERE o.id = r.id) AS previous), "
         "logged AS (INSERT INTO loops_loopevent "
@@ -188,10 +200,10 @@ def _transition_statement(change: _Change) -> tuple[str, list[Any]]:
     return sql, [*set_params, *held, *prepared]
 
 
-#: What an end needs to be written in one statement: no path locks to free, no pending
-#: approvals to withdraw, and the pattern's breaker left as it is (``breaker_record_outcome``
-#: writes nothing for a success while it is closed without failures, nor for a cancel of a run
-#: that is not its probe). A failure always counts on the breaker: the exact path.
+#: What an end needs to be written in one statement: what ``endings.run_end`` would write
+#: nothing for. No path locks to free, no pending approvals to withdraw, and the pattern's
+#: breaker left as it is (``breakers.records_nothing``); a failure always counts on the
+#: breaker. tests/loops/test_run_endings.py holds the two rules to each other.
 _CLEAN_END = (
     " AND NOT EXISTS (SELECT 1 FROM loops_pathlock l WHERE l.run_id = r.id)"
     " AND NOT EXISTS (SELECT 1 FROM loops_actionapproval a WHERE a.run_id = r.id"
@@ -248,8 +260,8 @@ def _event(change: _Change, current: str, seq: int, data: dict[str, Any]) -> Loo
 
 @transaction.atomic
 def _run_transition_exact(change: _Change) -> TransitionResult:
-    """:func:`run_transition` one statement after the other, with whatever the run's end
-    touches (path locks, approvals, the pattern's breaker)."""
+    """:func:`run_transition` one statement after the other, with the run's end (``on_end``)
+    in the same transaction."""
     run_id, to, actor = change.run_id, change.to, change.actor
     row = _lock_run(run_id)
     _check(row, change)
@@ -257,23 +269,11 @@ def _run_transition_exact(change: _Change) -> TransitionResult:
     values, seq = _values(row, change)
     LoopRun.objects.filter(pk=run_id).update(**values)
     data = dict(change.data)
-    if to in state.TERMINAL:
-        from loops.services.approvals import approvals_withdraw
-        from loops.services.breakers import breaker_record_outcome, breaker_summary
-        from loops.services.locks import path_locks_release
-
-        path_locks_release(run_id=run_id)
-        # In this transaction: the queue never shows a dead run's approvals.
-        withdrawn = approvals_withdraw(run_id=run_id, actor=actor, status=to.value)
-        if withdrawn:
-            data["withdrawn_approvals"] = withdrawn
-        changed = breaker_record_outcome(pattern_id=row["pattern_id"], run_id=run_id, status=to)
-        if changed is not None:
-            data["breaker"] = breaker_summary(changed)
+    if to in state.TERMINAL and change.on_end is not None:
+        ended = change.on_end(run_id=run_id, pattern_id=row["pattern_id"], actor=actor, status=to)
+        data.update(ended)
     _event(change, current, seq, data).save(force_insert=True)
     if to == RunStatus.QUEUED:
-        from loops.services.nudges import nudge_run
-
         nudge_run(run_id)
     return TransitionResult(run_id=run_id, from_status=current, to_status=to.value, seq=seq)
 
@@ -284,14 +284,14 @@ def fence_touch_sql(
     """The statement of :func:`fenced_touch`, for a caller that sends it in a batch."""
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, event_seq = event_seq + %s, "
-        f"updated_at = {db.now_sql()} "
+        f"updated_at = {now_sql()} "
         "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
         "RETURNING step_count, event_seq"
     )
     return sql, [
         step_increment,
         event_increment,
-        db.uuid_param(lease.run_id),
+        uuid_param(lease.run_id),
         lease.owner,
         lease.token,
     ]
@@ -305,7 +305,7 @@ def fenced_touch(
     Returns the new (step_count, event_seq). The UPDATE takes the row lock on PostgreSQL, so
     a takeover claim waits for this transaction, and a stale holder matches no row.
     """
-    rows = db.fetch_all(
+    rows = fetch_all(
         *fence_touch_sql(lease, step_increment=step_increment, event_increment=event_increment)
     )
     if not rows:
@@ -333,29 +333,17 @@ def run_update_fenced(lease: Lease, **fields: Any) -> None:
     One prepared statement (values prepared by their fields), not the ORM's compiler."""
     values = {**fields, "updated_at": timezone.now()}
     try:
-        assignments, params = db.set_clause(LoopRun, values)
+        assignments, params = set_clause(LoopRun, values)
         sql = (
             f"UPDATE loops_looprun SET {assignments} "
             "WHERE id = %s AND lease_owner = %s AND lease_token = %s"
         )
-        params += [db.uuid_param(lease.run_id), lease.owner, lease.token]
-    except db.NeedsCompiler:
-        sql, params = db.update_sql(
+        params += [uuid_param(lease.run_id), lease.owner, lease.token]
+    except NeedsCompiler:
+        sql, params = update_sql(
             LoopRun, values, pk=lease.run_id, lease_owner=lease.owner, lease_token=lease.token
         )
     with db.batch() as batch:  # its own transaction: one round trip on PostgreSQL
         written = batch.add(sql, params)
     if not written.rowcount:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
-
-
-__all__ = [
-    "Lease",
-    "LeaseLost",
-    "TransitionRefused",
-    "TransitionResult",
-    "fenced_touch",
-    "run_event_append",
-    "run_transition",
-    "run_update_fenced",
-]

@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-
+from orchestrator.paths import workspaces_root
 from sandbox import SandboxConfig, workdir_lent, workdir_reclaim
 
 
@@ -37,11 +36,6 @@ def _git(*args: str, cwd: str | Path) -> str:
     if result.returncode != 0:
         raise WorkspaceError(f"git {' '.join(args[:2])} failed: {result.stderr.strip()[:500]}")
     return result.stdout
-
-
-def workspaces_root() -> Path:
-    """The folder of every run's workspace."""
-    return Path(settings.VAR_DIR) / "workspaces"
 
 
 def workspace_path(run_id: uuid.UUID) -> Path:

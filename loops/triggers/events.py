@@ -29,6 +29,7 @@ from django.utils import timezone
 from rest_framework import status
 
 from loops.models import EventDelivery, EventKey, LoopPattern, TriggerType
+from loops.services.runs import run_trigger
 from loops.triggers.guards import trigger_refusal
 from orchestrator.errors import Conflict, DomainError, InvalidInput, NotFound
 
@@ -249,8 +250,6 @@ def _fan_out(
     event_key: str, payload: dict[str, Any], inputs: dict[str, Any], principal: str, ref: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """One run per subscribed pattern, each in its own savepoint: one refusal fails no other."""
-    from loops.services.runs import run_trigger
-
     runs: list[dict[str, Any]] = []
     refused: list[dict[str, str]] = []
     patterns = LoopPattern.objects.filter(trigger_type=TriggerType.EVENT, event_key=event_key)

@@ -12,6 +12,8 @@ extra runs wait in ``queued`` until a slot frees up (the claim query holds them 
 from __future__ import annotations
 
 from loops.models import LoopPattern
+from loops.services.breakers import breaker_refusal
+from loops.services.budgets import daily_budget_refusal
 
 
 def trigger_refusal(pattern: LoopPattern) -> str | None:
@@ -24,9 +26,6 @@ def trigger_refusal(pattern: LoopPattern) -> str | None:
     words, so cron, events and manual triggers agree. Read only: a breaker whose cooldown is
     over is not a refusal (``run_trigger`` starts the probe run).
     """
-    from loops.services.breakers import breaker_refusal
-    from loops.services.budgets import daily_budget_refusal
-
     if not pattern.enabled:
         return f"Pattern {pattern.key!r} is disabled; enable it to start runs."
     return daily_budget_refusal(pattern) or breaker_refusal(pattern)

@@ -22,10 +22,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from loops.cron import (
+    CronInvalid,
+    FireDecision,
+    due_fires,
+    fire_decision,
+    next_fire_after,
+    next_fires,
+)
 from loops.models import (
     CronFire,
     CronFireOutcome,
@@ -34,23 +42,24 @@ from loops.models import (
     LoopRun,
     TriggerType,
 )
-from loops.triggers.cron import (
-    CronInvalid,
-    CronSpec,
-    FireDecision,
-    due_fires,
-    fire_decision,
-    next_fire_after,
-    next_fires,
+from loops.services.runs import run_trigger
+from loops.services.schedules import (
+    NO_LATER_TIME,
+    NOT_CRON,
+    SYNC_FIELDS,
+    cron_schedule_sync,
+    db_now,
+    pause_reason,
+    schedule_in_step,
+    schedule_recompute,
+    spec_of,
 )
+from loops.services.transitions import run_event_append
 from loops.triggers.guards import trigger_refusal
 from orchestrator.errors import DomainError
 
 logger = logging.getLogger(__name__)
 SCHEDULER_ACTOR = "scheduler"
-NOT_CRON = "The pattern is not a cron pattern."
-DISABLED = "The pattern is disabled; times missed while disabled are not run."
-NO_LATER_TIME = "The cron expression names no later time."
 #: Schedule rows claimed and handled per transaction.
 BATCH_SIZE = 100
 
@@ -64,98 +73,6 @@ def grace() -> timedelta:
     """How late a tick may run and still count a due time as on time (``skip`` policy)."""
     seconds = settings.LOOPWRIGHT.get("CRON_GRACE_SECONDS", 60.0)
     return timedelta(seconds=float(seconds))
-
-
-def db_now() -> datetime:
-    """The database's clock, so schedulers on different hosts agree on what is due."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp()")
-            value = cursor.fetchone()
-        assert value is not None
-        moment: datetime = value[0]
-        return moment
-    return timezone.now()
-
-
-def spec_of(pattern: LoopPattern) -> CronSpec:
-    return CronSpec(pattern.cron_expression, pattern.timezone or "UTC", hash_id=pattern.key)
-
-
-def _pause_reason(pattern: LoopPattern) -> str:
-    if pattern.trigger_type != TriggerType.CRON:
-        return NOT_CRON
-    if not pattern.enabled:
-        return DISABLED
-    return ""
-
-
-def _in_step(schedule: CronSchedule, pattern: LoopPattern) -> bool:
-    """Was the row computed from the pattern as it is now?"""
-    return (
-        schedule.expression == pattern.cron_expression
-        and schedule.timezone == pattern.timezone
-        and schedule.enabled == pattern.enabled
-        and (schedule.paused_reason == NOT_CRON) == (pattern.trigger_type != TriggerType.CRON)
-    )
-
-
-def _recompute(schedule: CronSchedule, pattern: LoopPattern, now: datetime) -> None:
-    """Start the schedule afresh from ``now``: earlier times (while paused or under another
-    expression) are not run."""
-    schedule.expression = pattern.cron_expression
-    schedule.timezone = pattern.timezone
-    schedule.enabled = pattern.enabled
-    schedule.paused_reason = _pause_reason(pattern)
-    schedule.next_fire_at = None
-    if schedule.paused_reason:
-        return
-    try:
-        schedule.next_fire_at = next_fire_after(spec_of(pattern), now)
-    except CronInvalid as exc:
-        schedule.paused_reason = str(exc)[:200]
-        return
-    if schedule.next_fire_at is None:
-        schedule.paused_reason = NO_LATER_TIME
-
-
-def schedule_new(pattern: LoopPattern, *, now: datetime) -> CronSchedule:
-    """An unsaved schedule row for a cron pattern, starting after ``now`` (bulk seeding)."""
-    schedule = CronSchedule(pattern=pattern)
-    _recompute(schedule, pattern, now)
-    return schedule
-
-
-_SYNC_FIELDS = ["expression", "timezone", "enabled", "paused_reason", "next_fire_at", "updated_at"]
-
-
-@transaction.atomic
-def cron_schedule_sync(pattern: LoopPattern, *, now: datetime | None = None) -> CronSchedule | None:
-    """Bring the pattern's schedule row in line with the pattern; call it after every save.
-
-    A new cron pattern gets a row with its first fire time after ``now``. A change of the
-    expression, the time zone, ``enabled`` or the trigger type restarts the schedule from
-    ``now`` (a disabled or non-cron pattern's row is paused: ``next_fire_at`` NULL). Any other
-    change keeps the row as it is, so editing a title never loses a due fire. Returns the row,
-    or None for a pattern that is not cron and never had one. The tick also calls this for
-    patterns whose row is missing or stale, so schedules heal without the hook.
-    """
-    now = now or db_now()
-    schedule = CronSchedule.objects.select_for_update().filter(pattern=pattern).first()
-    if schedule is None:
-        if pattern.trigger_type != TriggerType.CRON:
-            return None
-        schedule = schedule_new(pattern, now=now)
-        try:
-            with transaction.atomic():
-                schedule.save(force_insert=True)
-        except IntegrityError:  # another process created it meanwhile: theirs is as good
-            return CronSchedule.objects.get(pattern=pattern)
-        return schedule
-    if not _in_step(schedule, pattern):
-        _recompute(schedule, pattern, now)
-        schedule.save(update_fields=_SYNC_FIELDS)
-    return schedule
 
 
 def _stale_patterns() -> QuerySet[LoopPattern]:
@@ -248,9 +165,9 @@ def _tick_batch(now: datetime, size: int, failed: set[int], report: TickReport) 
 
 def _tick_schedule(schedule: CronSchedule, now: datetime, report: TickReport) -> None:
     pattern = schedule.pattern
-    if not _in_step(schedule, pattern) or _pause_reason(pattern):
-        _recompute(schedule, pattern, now)
-        schedule.save(update_fields=_SYNC_FIELDS)
+    if not schedule_in_step(schedule, pattern) or pause_reason(pattern):
+        schedule_recompute(schedule, pattern, now)
+        schedule.save(update_fields=SYNC_FIELDS)
         report.synced += 1
         return
     assert schedule.next_fire_at is not None
@@ -314,9 +231,6 @@ def _cron_event(decision: FireDecision) -> dict[str, Any]:
 
 
 def _start_run(pattern: LoopPattern, decision: FireDecision) -> tuple[LoopRun | None, str]:
-    from loops.services.runs import run_trigger
-    from loops.services.transitions import run_event_append
-
     refusal = trigger_refusal(pattern)
     if refusal:
         return None, refusal
@@ -380,12 +294,12 @@ def pattern_schedule(pattern: LoopPattern, *, now: datetime | None = None) -> di
 def _upcoming(
     pattern: LoopPattern, schedule: CronSchedule | None, now: datetime
 ) -> tuple[list[datetime], str]:
-    reason = _pause_reason(pattern)
+    reason = pause_reason(pattern)
     if reason:
         return [], reason
     spec = spec_of(pattern)
     try:
-        if schedule is not None and _in_step(schedule, pattern) and schedule.next_fire_at:
+        if schedule is not None and schedule_in_step(schedule, pattern) and schedule.next_fire_at:
             # A due time the tick has not handled yet is still the next fire.
             return [schedule.next_fire_at, *next_fires(spec, schedule.next_fire_at, 4)], ""
         upcoming = next_fires(spec, now, 5)
@@ -399,10 +313,10 @@ def pattern_next_fire_at(pattern: LoopPattern) -> datetime | None:
 
     Reads the schedule row only (no cron arithmetic), so a list of patterns costs one join.
     """
-    if _pause_reason(pattern):
+    if pause_reason(pattern):
         return None
     schedule: CronSchedule | None = getattr(pattern, "cron_schedule", None)
-    if schedule is None or not _in_step(schedule, pattern):
+    if schedule is None or not schedule_in_step(schedule, pattern):
         try:
             return next_fire_after(spec_of(pattern), timezone.now())
         except CronInvalid:

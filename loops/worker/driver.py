@@ -29,9 +29,12 @@ from django.db import InterfaceError, OperationalError, connection
 from django.utils.module_loading import import_string
 
 from loops.services.claims import Claimed, run_claim, run_heartbeat
+from loops.services.claims_failures import describe_error, run_driver_error
+from loops.services.runs import runs_release_owner
 from loops.services.transitions import Lease
+from loops.worker.engine import drive_run, with_resume_steps
 from runtime.invocation import LeaseLost, RoleInvoker
-from runtime.model_client import close_http_pool, pool_http_connections
+from runtime.model_pool import close_http_pool, pool_http_connections
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -198,8 +201,6 @@ class RunDriver:
         self.tasks[run_id] = task
 
     async def _drive(self, claim: Claimed) -> None:
-        from loops.worker.engine import drive_run
-
         run_id = claim.lease.run_id
         try:
             await drive_run(self, claim)
@@ -230,8 +231,6 @@ class RunDriver:
         """Write the error to the run (an event, and a retry or a failure naming it), so it
         never lives only in this log; if that write fails the lease expires and the reaper
         counts the attempt as a death."""
-        from loops.services.claims_failures import describe_error, run_driver_error
-
         run_id = claim.lease.run_id
         try:
             status = await self.db(run_driver_error, claim.lease, describe_error(exc))
@@ -312,8 +311,6 @@ class RunDriver:
 
     async def _release_all(self) -> None:
         """Give back every lease this owner still holds (runs go back to ``queued``)."""
-        from loops.services.runs import runs_release_owner
-
         try:
             released = await self.db(runs_release_owner, owner=self.owner)
         except (OperationalError, InterfaceError):
@@ -326,8 +323,6 @@ class RunDriver:
 def _claim_and_read(**kwargs: Any) -> list[Claimed]:
     """:func:`run_claim`, and what the engine reads at once of each run claimed
     (``engine.with_resume_steps``), in one trip to the database threads."""
-    from loops.worker.engine import with_resume_steps
-
     return [with_resume_steps(claim) for claim in run_claim(**kwargs)]
 
 

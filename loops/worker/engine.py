@@ -2,7 +2,8 @@
 
 The run's ``cursor`` records which invocation comes next and what earlier ones produced; it is
 written (fenced) after each invocation completes, so a reclaimed run continues where it
-stopped, and within an invocation the journal's persisted steps carry it further.
+stopped, and within an invocation the journal's persisted steps (:mod:`loops.worker.journal`)
+carry it further.
 """
 
 from __future__ import annotations
@@ -11,46 +12,47 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
-from loops import db
-from loops.models import LoopArtifact, LoopRun, RunStatus, StepStatus
+from loops.models import LoopArtifact, LoopRun, RunStatus
 from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
-from loops.services import budgets, claim_sql, tool_repeats
+from loops.services import budget_rules, claim_sql
 from loops.services import steps as step_services
-from loops.services.approvals import approval_authorize_execution, approvals_open
+from loops.services.approvals import approvals_open
 from loops.services.claims import Claimed
+from loops.services.endings import run_transition
 from loops.services.locks import path_locks_acquire
-from loops.services.transitions import Lease, run_transition, run_update_fenced
+from loops.services.transitions import Lease, run_update_fenced
 from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
+from loops.worker.journal import DbJournal, DbThreads, abandon
 from loops.worker.recovery import reclaim_workspace
+from orchestrator.sql import time_in
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LeaseLost,
     LoopRole,
     OutcomeKind,
-    RecordedCall,
     RetryLater,
+    RoleInvoker,
     RunHalted,
     StepRecord,
-    ToolCallRefused,
 )
 
-if TYPE_CHECKING:
-    from loops.worker.driver import RunDriver
-
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
+
+
+class RunHost(DbThreads, Protocol):
+    """What :func:`drive_run` needs of the run driver: its database threads and its invoker."""
+
+    invoker: RoleInvoker
 
 
 @dataclass
@@ -70,7 +72,7 @@ class RunState:
     lock_wait_since: Any = None
     #: The run's limits as last read from the database (with their fingerprint), which lets
     #: an invocation start in one statement that proves them unchanged; None: not known.
-    limits: budgets.RunLimits | None = None
+    limits: budget_rules.RunLimits | None = None
 
 
 def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
@@ -88,7 +90,7 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         repository=columns["repository_snapshot"],
         cursor=dict(columns["cursor"] or {}),
         lock_wait_since=columns["lock_wait_since"],
-        limits=budgets.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
+        limits=budget_rules.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
     )
 
 
@@ -107,342 +109,6 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
         cursor=dict(run.cursor or {}),
         lock_wait_since=run.lock_wait_since,
     )
-
-
-class DbJournal:
-    """The engine's :class:`StepJournal`: every write fenced by the lease.
-
-    A model step is numbered here and written with the journal's next write, in the same
-    transaction: with the first call it made (``tool_step_begin(model_step=…)``), or on its
-    own before anything else is written (:meth:`flush`; the engine flushes when the invocation
-    returns). Its calls therefore never start before it is persisted, and a step costs one
-    transaction fewer. Only the lease holder writes a run's steps, so the journal knows the
-    next seq; the write also checks it (``JournalOutOfStep``)."""
-
-    def __init__(self, driver: RunDriver, lease: Lease, role: LoopRole, invocation: str) -> None:
-        self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
-        #: Tool-loop warnings of the steps this journal began, for the model (``tool_notice``).
-        self.notices: dict[int, str] = {}
-        #: Until when model calls need no admission (no metered limit bound the run).
-        self._unmetered_until = 0.0
-        #: The invocation was just started: it has no steps to read back.
-        self._fresh = False
-        #: When the tool steps this journal began started (step_complete's one-UPDATE path).
-        self._began: dict[int, Any] = {}
-        #: The run's step count as this journal last wrote it (None: not known, no numbering).
-        self._steps: int | None = None
-        #: A recorded model step not written yet, and the write that carries it.
-        self._pending: step_services.ModelStep | None = None
-        self._writing: asyncio.Future[None] | None = None
-        #: The run's rule for reads as of the latest write, and its calls so far by hash
-        #: (None: not known; every read is then begun before it runs).
-        self._rule: step_services.ReadRule | None = None
-        self._calls: dict[str, int] | None = None
-        #: The read of the invocation's steps, begun early (:meth:`read_steps_early`).
-        self._early_steps: asyncio.Future[list[StepRecord]] | None = None
-
-    def read_steps_early(self) -> None:
-        """Begin reading the invocation's steps now, while its start is counted: a resumed
-        invocation replays them, and the read then adds no time of its own (it made a resume
-        slower the longer the run's history). Only the lease holder writes a run's steps, and
-        it holds the lease from the claim on, so this reads what :meth:`steps` would; a lost
-        lease fails the start (LeaseLost) before anything read is used."""
-        self._early_steps = asyncio.ensure_future(self._read_steps())
-
-    def steps_read(self, records: list[StepRecord]) -> None:
-        """The invocation's steps, already read (with the claim: ``with_resume_steps``)."""
-        self._early_steps = asyncio.get_running_loop().create_future()
-        self._early_steps.set_result(records)
-
-    def forget_early_steps(self) -> None:
-        """The invocation ended without asking for its steps: drop the early read."""
-        early, self._early_steps = self._early_steps, None
-        if early is not None:
-            _abandon(early)
-
-    async def db_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn`` on the driver's database threads (pooled connections): for an invoker's
-        own reads, such as the employee's profile."""
-        return await self.driver.db(fn, *args, **kwargs)
-
-    def started(
-        self,
-        *,
-        fresh: bool,
-        metered: bool,
-        steps: int | None = None,
-        limits: budgets.RunLimits | None = None,
-        calls: dict[str, int] | None = None,
-    ) -> None:
-        """What the invocation's start found: a ``fresh`` invocation has no steps yet (none is
-        written before its start is counted); an unmetered run needs no admission for now;
-        ``steps`` is the run's step count, from which the journal numbers model steps;
-        ``limits`` and ``calls`` (the run's tool calls by hash) say which reads may run before
-        they are persisted (:meth:`runs_first`)."""
-        self._fresh = fresh
-        self._steps = steps
-        self._rule = None if limits is None else step_services.read_rule(limits)
-        self._calls = calls
-        if not metered:
-            self._unmetered_until = time.monotonic() + budgets.ADMISSION_RECHECK_SECONDS
-
-    @property
-    def limits(self) -> budgets.RunLimits | None:
-        """The run's limits as of the journal's latest write (None: not known)."""
-        return None if self._rule is None else self._rule.limits
-
-    def runs_first(self, name: str, request: dict[str, Any]) -> bool:
-        """May this read-effect call run before anything of it is persisted? Only when, as of
-        the journal's latest write, no limit must judge it first (see :class:`ReadRule`); the
-        write that follows (:meth:`record_call`) judges it again, exactly."""
-        if self._rule is None or self._calls is None or self._steps is None:
-            return False
-        return self._rule.runs_first(name, self._calls.get(_digest(name, request), 0) + 1)
-
-    def _counted(self, name: str, request: dict[str, Any]) -> None:
-        """A tool step of this call was persisted (the tool-loop policy counts it)."""
-        if self._calls is not None:
-            digest = _digest(name, request)
-            self._calls[digest] = self._calls.get(digest, 0) + 1
-
-    def _saw(self, seq: int) -> None:
-        if self._steps is not None:
-            self._steps = max(self._steps, seq)
-
-    async def flush(self) -> None:
-        """Write the pending model step (if any) and wait for a write carrying it to end."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            write = self.driver.db(step_services.model_step_write, self.lease, pending)
-            _, self._rule = await self._carrying(write)
-        while self._writing is not None:
-            await asyncio.shield(self._writing)
-
-    async def _carrying(self, write: Awaitable[T]) -> T:
-        """Run a write that carries the pending model step; other writes wait for it."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._writing = done
-        try:
-            return await write
-        finally:
-            self._writing = None
-            done.set_result(None)
-
-    async def steps(self) -> list[StepRecord]:
-        await self.flush()
-        early, self._early_steps = self._early_steps, None
-        if self._fresh:
-            self._fresh = False
-            if early is not None:
-                _abandon(early)
-            return []
-        return await (early if early is not None else self._read_steps())
-
-    async def _read_steps(self) -> list[StepRecord]:
-        return await self.driver.db(
-            step_services.steps_of_invocation, self.lease.run_id, self.invocation
-        )
-
-    async def begin(
-        self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
-    ) -> int:
-        if kind == "tool":
-            return await self._tool_start(name, request, idempotency_key, StepStatus.STARTED)
-        await self.flush()
-        seq = await self.driver.db(
-            step_services.step_begin,
-            self.lease,
-            role=self.role.value,
-            invocation=self.invocation,
-            kind=kind,
-            name=name,
-            request=request,
-            idempotency_key=idempotency_key,
-        )
-        self._saw(seq)
-        return seq
-
-    async def gate(
-        self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
-    ) -> int:
-        return await self._tool_start(
-            name, {**request, "gate_reason": reason}, idempotency_key, StepStatus.GATED
-        )
-
-    async def _tool_start(
-        self, name: str, request: dict[str, Any], idempotency_key: str, status: StepStatus
-    ) -> int:
-        """A tool call under the run's limits: refused (ToolCallRefused), stopped (RunHalted),
-        or begun, possibly with a notice for its result. The first call of a model step
-        carries that step's write."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            await self.flush()
-        write = self.driver.db(
-            step_services.tool_step_begin,
-            self.lease,
-            role=self.role.value,
-            invocation=self.invocation,
-            name=name,
-            request=request,
-            idempotency_key=idempotency_key,
-            status=status,
-            model_step=pending,
-            expected=self._rule,
-        )
-        start = await (self._carrying(write) if pending is not None else write)
-        self._wrote(start, name, request)
-        if start.refused:
-            raise ToolCallRefused(start.refused, seq=start.seq)
-        if start.notice:
-            self.notices[start.seq] = start.notice
-        if start.started_at is not None:
-            self._began[start.seq] = start.started_at
-        return start.seq
-
-    def _wrote(self, start: step_services.ToolStart, name: str, request: dict[str, Any]) -> None:
-        """A tool step was persisted: its seq, its count, and the run's rule for reads."""
-        self._saw(start.seq)
-        self._counted(name, request)
-        self._rule = start.rule
-
-    async def record_call(
-        self,
-        *,
-        name: str,
-        request: dict[str, Any],
-        idempotency_key: str,
-        response: Any,
-        error: str = "",
-        started_at: datetime | None = None,
-    ) -> RecordedCall:
-        """A read-effect call that already ran: written completed, with the pending model step
-        (the whole tool-loop step in one transaction)."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            await self.flush()
-        write = self.driver.db(
-            step_services.tool_step_record,
-            self.lease,
-            role=self.role.value,
-            invocation=self.invocation,
-            name=name,
-            request=request,
-            idempotency_key=idempotency_key,
-            response=response,
-            error=error,
-            started_at=started_at or timezone.now(),
-            model_step=pending,
-            expected=self._rule,
-        )
-        start = await (self._carrying(write) if pending is not None else write)
-        self._wrote(start, name, request)
-        if start.refused:
-            raise ToolCallRefused(start.refused, seq=start.seq)
-        if start.started_at is None:
-            return RecordedCall(start.seq)
-        # Begun by the exact path: the caller completes it, with the run's notice if any.
-        if start.notice:
-            self.notices[start.seq] = start.notice
-        self._began[start.seq] = start.started_at
-        return RecordedCall(start.seq, completed=False)
-
-    async def admit_model_call(self) -> None:
-        await self.flush()
-        # A run no tokens/cost limit binds needs no admission: skip the round trip, asking
-        # again at least every ADMISSION_RECHECK_SECONDS (a daily limit may appear).
-        if self._unmetered_until > time.monotonic():
-            return
-        while True:
-            admission = await self.driver.db(budgets.budget_admission, self.lease)
-            if admission.wait is None:
-                break
-            await asyncio.sleep(admission.wait)
-        if not admission.metered:
-            self._unmetered_until = time.monotonic() + budgets.ADMISSION_RECHECK_SECONDS
-
-    def tool_notice(self, seq: int) -> str:
-        return self.notices.get(seq, "")
-
-    async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
-        await self.flush()
-        return await self.driver.db(
-            approval_authorize_execution, self.lease, seq=seq, name=name, arguments=arguments
-        )
-
-    async def complete(
-        self,
-        seq: int,
-        *,
-        response: Any,
-        error: str = "",
-        tokens_in: int = 0,
-        tokens_out: int = 0,
-        cost: float = 0.0,
-    ) -> None:
-        await self.flush()
-        await self.driver.db(
-            step_services.step_complete,
-            self.lease,
-            seq,
-            response=response,
-            error=error,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            cost=cost,
-            started_at=self._began.pop(seq, None),
-        )
-
-    async def record(
-        self,
-        *,
-        kind: str,
-        name: str,
-        request: dict[str, Any],
-        response: Any,
-        error: str = "",
-        tokens_in: int = 0,
-        tokens_out: int = 0,
-        cost: float = 0.0,
-        duration_ms: int | None = None,
-    ) -> int:
-        fields = {
-            "role": self.role.value,
-            "invocation": self.invocation,
-            "kind": kind,
-            "name": name,
-            "request": request,
-            "response": response,
-            "error": error,
-            "tokens_in": tokens_in,
-            "tokens_out": tokens_out,
-            "cost": cost,
-            "duration_ms": duration_ms,
-        }
-        await self.flush()
-        if kind == "model" and self._steps is not None:
-            # Numbered now, written with the next write (see the class docstring).
-            seq = self._steps + 1
-            self._pending = step_services.finished_step(self.lease, seq=seq, **fields)
-            self._steps = seq
-            return seq
-        seq = await self.driver.db(step_services.step_record, self.lease, **fields)
-        self._saw(seq)
-        if kind == "tool":
-            self._counted(name, request)
-        return seq
-
-    async def event(self, type: str, data: dict[str, Any]) -> None:
-        await self.flush()
-        await self.driver.db(step_services.step_event, self.lease, type=type, data=data)
-
-    def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
-        return f"{self.lease.run_id}:{step_seq}:{call_index}"
-
-
-def _digest(name: str, request: dict[str, Any]) -> str:
-    """The tool-loop policy's hash of a call, as the step services compute it."""
-    return tool_repeats.call_hash(name, tool_repeats.arguments_of(request))
 
 
 # --- preparation -----------------------------------------------------------------------------
@@ -509,7 +175,7 @@ def _park_for_lock(
         lease=lease,
         event_type="lock.waiting",
         data={"conflicts": conflicts},
-        fields={"not_before": db.time_in(retry_seconds), "lock_wait_since": since},
+        fields={"not_before": time_in(retry_seconds), "lock_wait_since": since},
     )
     return RunStatus.WAITING_LOCK.value
 
@@ -559,7 +225,7 @@ def _advance_cursor(run: RunState, role: LoopRole, output: dict[str, Any]) -> di
     return cursor
 
 
-async def drive_run(driver: RunDriver, claim: Claimed) -> None:
+async def drive_run(driver: RunHost, claim: Claimed) -> None:
     """Drive one claimed run until it finishes, parks or the lease is lost."""
     lease = claim.lease
     if claim.columns is not None and claim.status != RunStatus.PREPARING.value:
@@ -611,11 +277,10 @@ def _claimed_before(claim: Claimed) -> bool:
 def with_resume_steps(claim: Claimed) -> Claimed:
     """``claim`` with the steps of the invocation its run comes back to, read at once on the
     claim's database thread, for a run claimed before (resumed after an approval, a retry, a
-    crash) that its claim started: a resume replays them, and read here, on a connection just
-    used, before the invocation's start and the employee's profile are read in parallel, they
-    cost the least time (their read grew a resume's time with the run's history). Only the
-    lease holder writes a run's steps, and the claim made this worker the holder, so they are
-    what the invocation would read after its start. A failed read is left to the invocation."""
+    crash) that its claim started: a resume replays them, and this read adds no round trip of
+    its own. Only the lease holder writes a run's steps, and the claim made this worker the
+    holder, so they are what the invocation would read after its start. A failed read is left
+    to the invocation."""
     if not _claimed_before(claim) or claim.columns is None or claim.status == RunStatus.PREPARING:
         return claim
     # The claim has committed: nothing here may keep it from reaching the driver.
@@ -678,13 +343,11 @@ def _load_and_prepare(lease: Lease, retry: float) -> tuple[RunState, str]:
 
 
 def driver_setting(name: str) -> Any:
-    from django.conf import settings
-
     return settings.LOOPWRIGHT[name]
 
 
 async def _invoke(
-    driver: RunDriver,
+    driver: RunHost,
     lease: Lease,
     run: RunState,
     role: LoopRole,
@@ -716,8 +379,7 @@ async def _invoke(
     elif resuming:
         journal.read_steps_early()
     # What the invoker reads before it starts (its own round trips) overlaps the start's.
-    prepare = getattr(driver.invoker, "prepare", None)
-    preparing = asyncio.ensure_future(prepare(request, journal)) if prepare else None
+    preparing = asyncio.ensure_future(driver.invoker.prepare(request, journal))
     try:
         start, calls = await driver.db(_invocation_begin, lease, role, name, run.limits)
         journal.started(
@@ -727,11 +389,7 @@ async def _invoke(
             limits=start.limits,
             calls=calls,
         )
-        if preparing is None:
-            outcome = await driver.invoker.invoke(request, journal)
-        else:
-            prepared = await preparing
-            outcome = await driver.invoker.invoke(request, journal, prepared=prepared)  # type: ignore[call-arg]
+        outcome = await driver.invoker.invoke(request, journal, prepared=await preparing)
         await journal.flush()  # the final answer's model step
         run.limits = journal.limits or start.limits  # for the next invocation's start
         return outcome
@@ -761,21 +419,12 @@ async def _invoke(
         )
     finally:
         journal.forget_early_steps()
-        if preparing is not None:
-            _abandon(preparing)
-
-
-def _abandon(task: asyncio.Future[Any]) -> None:
-    """Stop a preparation the invocation did not wait for (its start failed or halted)."""
-    if not task.done():
-        task.cancel()
-    elif not task.cancelled():
-        task.exception()  # retrieved: an error of an unused preparation is not an error
+        abandon(preparing)
 
 
 def _invocation_begin(
-    lease: Lease, role: LoopRole, name: str, expected: budgets.RunLimits | None = None
-) -> tuple[budgets.InvocationStart, dict[str, int]]:
+    lease: Lease, role: LoopRole, name: str, expected: budget_rules.RunLimits | None = None
+) -> tuple[budget_rules.InvocationStart, dict[str, int]]:
     """Count the invocation's start, and read the run's tool calls so far (by hash)."""
     return step_services.invocation_begin(
         lease, role=role.value, invocation=name, expected=expected
@@ -832,7 +481,7 @@ def _park_for_retry(lease: Lease, reason: str, delay_seconds: float) -> None:
         lease=lease,
         event_type="run.retry_later",
         data={"reason": reason, "delay_seconds": delay_seconds},
-        fields={"not_before": db.time_in(delay_seconds)},
+        fields={"not_before": time_in(delay_seconds)},
     )
 
 

@@ -3,12 +3,11 @@ tool loop, configured per invocation from the AI employee's row and the run's ha
 
 The employee is read once per invocation (off the event loop); the tool plan comes from the
 role's compiled harness snapshot, so a published policy change never affects a running run.
-The leader only ever gets read-effect tools (it plans and changes nothing, DESIGN.md §3).
+The leader only ever gets read-effect tools: it plans and changes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ from runtime.invocation import (
     StepJournal,
 )
 from runtime.loop import LoopSettings, ToolLoopInvoker
-from runtime.policy import ToolPolicy
+from runtime.policy import ToolPolicy, decision_of
 from runtime.prompts import default_system_prompt
 from runtime.scrub import ScrubbingJournal, scrub_outcome, secret_values
 from runtime.secrets import Secret, SecretNotAllowed, api_key_from_env
@@ -42,10 +41,9 @@ from runtime.tools import (
     ToolRegistry,
     builtin_registry,
 )
-from runtime.tools.bash import BASH_SPEC, BashConfig, bash_tool, network_access
-from runtime.tools.registry import tool_providers
+from runtime.tools.bash import BashConfig, bash_tool, network_access
+from runtime.tools.registry import provider_review_gates, tool_providers
 from runtime.types import Effect, ModelClient, ToolSpec
-from skillhub.tools import skill_review_gates
 
 
 @dataclass(frozen=True)
@@ -108,7 +106,7 @@ class ProfileCache:
     Every invocation still asks the database whether the employee, its endpoint or an endpoint
     of its failover chain changed (``_SIGNATURE``); only then is the profile read and its model
     client built again. A client built once per configuration also keeps its self-healing
-    stream mode until the configuration changes (spec/001)."""
+    stream mode until the configuration changes."""
 
     def __init__(self) -> None:
         self._profiles: dict[str, tuple[tuple[Any, ...], EmployeeProfile]] = {}
@@ -132,23 +130,12 @@ class ProfileCache:
         return profile
 
 
-def _load_profile(profiles: ProfileCache, username: str) -> EmployeeProfile:
-    try:
-        return profiles.get(username)
-    finally:
-        connection.close()  # a worker thread of asyncio.to_thread: do not keep connections
-
-
 async def _profile_for(
     profiles: ProfileCache, username: str, journal: StepJournal
 ) -> EmployeeProfile:
-    """Read on the run driver's database threads when the journal offers them (``db_call``:
-    pooled connections, no connect per invocation), else on a throwaway thread."""
-    db_call = getattr(journal, "db_call", None)
-    if db_call is not None:
-        profile: EmployeeProfile = await db_call(profiles.get, username)
-        return profile
-    return await asyncio.to_thread(_load_profile, profiles, username)
+    """Read on the journal's database threads (the run driver's pooled connections)."""
+    profile: EmployeeProfile = await journal.db_call(profiles.get, username)
+    return profile
 
 
 def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolPolicy:
@@ -162,26 +149,12 @@ def role_tool_policy(request: InvocationRequest, specs: list[ToolSpec]) -> ToolP
     decisions: dict[str, Any] = plan_tools(harness_settings, specs).decisions()
     # The pattern's autoAllowlist skips the human gate, never a deny.
     for name in request.context.get("auto_allowlist") or []:
-        if name in decisions and _decision_of(decisions[name]) == "ask":
+        if name in decisions and decision_of(decisions[name]) == "ask":
             decisions[name] = ("allow", "in the pattern's autoAllowlist")
-    # Skills that require human review (skillLoopConfigs) always ask; the allowlist cannot waive it.
-    decisions.update(skill_review_gates(decisions))
+    # Tools a provider requires reviewed (Skill Hub skillLoopConfigs) always ask; the allowlist
+    # cannot waive it.
+    decisions.update(provider_review_gates(decisions))
     return ToolPolicy.from_decisions(decisions)
-
-
-def _decision_of(value: Any) -> str:
-    return str(value[0] if isinstance(value, tuple) else value)
-
-
-_BUILTIN_SPECS = {spec.name: spec for spec in [*builtin_registry().specs(), BASH_SPEC]}
-
-
-def tool_spec(name: str) -> ToolSpec | None:
-    """The declared spec of a tool (name, schema, effect), for approval re-checks."""
-    if name in _BUILTIN_SPECS:
-        return _BUILTIN_SPECS[name]
-    provided = ToolRegistry(providers=tool_providers()).get(name)
-    return None if provided is None else provided.spec
 
 
 class AgentInvoker:

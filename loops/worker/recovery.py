@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from loops.services.transitions import Lease, run_event_append
 from loops.services.workspaces import workspace_lent, workspace_reclaim
-
-if TYPE_CHECKING:
-    from loops.worker.driver import RunDriver
+from loops.worker.journal import DbThreads
 
 logger = logging.getLogger(__name__)
 
 
-async def reclaim_workspace(driver: RunDriver, lease: Lease, workdir: str | None) -> None:
+async def reclaim_workspace(driver: DbThreads, lease: Lease, workdir: str | None) -> None:
     """Give a lent workspace back (its walk off the event loop) and write
     ``workspace.reclaimed`` to the run; one ``lstat`` when it is not lent."""
     if not workdir or not workspace_lent(workdir):

@@ -1,4 +1,4 @@
-"""The database breaker store: breaker state in ``loops.CircuitState`` rows.
+"""The database breaker store: model endpoints' breaker state in ``EndpointCircuit`` rows.
 
 Used when no Redis is configured (the embedded default). Every transition is one conditional
 ``UPDATE … WHERE state = … AND probe_owner = …`` whose row count says whether this caller won, so
@@ -16,7 +16,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
-from loops.models import CircuitState
+from orchestrator.agents.models import EndpointCircuit
 from runtime.breaker import BreakerSnapshot, BreakerState
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
 class DatabaseBreakerStore:
-    """:class:`~runtime.breaker.BreakerStore` over ``CircuitState`` rows.
+    """:class:`~runtime.breaker.BreakerStore` over ``EndpointCircuit`` rows.
 
     ``offload`` runs a blocking ORM call from async code; the default is asgiref's
     ``sync_to_async`` (Django's sync thread). A worker that keeps its own database thread pool
@@ -48,7 +48,7 @@ class DatabaseBreakerStore:
         self._offload = offload
 
     def read(self, key: str) -> BreakerSnapshot:
-        row = CircuitState.objects.filter(key=key).first()
+        row = EndpointCircuit.objects.filter(key=key).first()
         if row is None:
             return BreakerSnapshot()
         return BreakerSnapshot(
@@ -61,7 +61,7 @@ class DatabaseBreakerStore:
         )
 
     def claim_probe(self, key: str, *, expected: BreakerSnapshot, token: str, now: float) -> bool:
-        rows = CircuitState.objects.filter(
+        rows = EndpointCircuit.objects.filter(
             key=key, state=expected.state.value, probe_owner=expected.probe_owner
         )
         if expected.stamp:
@@ -83,12 +83,12 @@ class DatabaseBreakerStore:
             "cooldown_seconds": round(cooldown),
             "probe_owner": "",
         }
-        _, created = CircuitState.objects.get_or_create(
+        _, created = EndpointCircuit.objects.get_or_create(
             key=key, defaults={**opened, "consecutive_failures": 1}
         )
         if created:
             return True
-        changed = CircuitState.objects.filter(key=key, state=BreakerState.CLOSED.value).update(
+        changed = EndpointCircuit.objects.filter(key=key, state=BreakerState.CLOSED.value).update(
             **opened,
             consecutive_failures=F("consecutive_failures") + 1,
             updated_at=timezone.now(),
@@ -96,7 +96,7 @@ class DatabaseBreakerStore:
         return changed == 1
 
     def probe_failed(self, key: str, *, token: str, now: float, max_cooldown: float) -> bool:
-        changed = CircuitState.objects.filter(
+        changed = EndpointCircuit.objects.filter(
             key=key, state=BreakerState.HALF_OPEN.value, probe_owner=token
         ).update(
             state=BreakerState.OPEN.value,
@@ -109,7 +109,7 @@ class DatabaseBreakerStore:
         return changed == 1
 
     def probe_succeeded(self, key: str, *, token: str, cooldown: float) -> bool:
-        changed = CircuitState.objects.filter(
+        changed = EndpointCircuit.objects.filter(
             key=key, state=BreakerState.HALF_OPEN.value, probe_owner=token
         ).update(
             state=BreakerState.CLOSED.value,
@@ -122,12 +122,12 @@ class DatabaseBreakerStore:
         return changed == 1
 
     def count_failure(self, key: str, *, now: float, cooldown: float, threshold: int) -> bool:
-        CircuitState.objects.get_or_create(key=key)
-        CircuitState.objects.filter(key=key, state=BreakerState.CLOSED.value).update(
+        EndpointCircuit.objects.get_or_create(key=key)
+        EndpointCircuit.objects.filter(key=key, state=BreakerState.CLOSED.value).update(
             consecutive_failures=F("consecutive_failures") + 1, updated_at=timezone.now()
         )
         # Conditional: of concurrent counters reaching the threshold, one opens it.
-        CircuitState.objects.filter(
+        EndpointCircuit.objects.filter(
             key=key, state=BreakerState.CLOSED.value, consecutive_failures__gte=threshold
         ).update(
             state=BreakerState.OPEN.value,
@@ -136,16 +136,16 @@ class DatabaseBreakerStore:
             probe_owner="",
             updated_at=timezone.now(),
         )
-        return not CircuitState.objects.filter(key=key, state=BreakerState.CLOSED.value).exists()
+        return not EndpointCircuit.objects.filter(key=key, state=BreakerState.CLOSED.value).exists()
 
     def reset_failures(self, key: str) -> None:
-        CircuitState.objects.filter(
+        EndpointCircuit.objects.filter(
             key=key, state=BreakerState.CLOSED.value, consecutive_failures__gt=0
         ).update(consecutive_failures=0, updated_at=timezone.now())
 
     def clear(self, key: str) -> None:
         """Forget a breaker (operators' reset)."""
-        CircuitState.objects.filter(key=key).delete()
+        EndpointCircuit.objects.filter(key=key).delete()
 
     async def run(self, fn: Callable[[], T]) -> T:
         if self._offload is not None:

@@ -22,7 +22,8 @@ from runtime.breaker import (
     CircuitBreaker,
     RedisBreakerStore,
 )
-from runtime.model_client import EndpointConfig, ModelParams, client_for_endpoint
+from runtime.model_client import client_for_endpoint
+from runtime.model_config import EndpointConfig, ModelParams
 from runtime.streaming import STREAM_MODES, StreamMode, TextCallback
 from runtime.types import ModelClient
 
@@ -50,7 +51,7 @@ def endpoint_config_from_model(
 ) -> EndpointConfig:
     """The endpoint with its failover chain resolved, as a plain value.
 
-    Failover hops inherit the primary's parameters (spec/001), with the hop's own overrides on
+    Failover hops inherit the primary's parameters, with the hop's own overrides on
     top; their model is the hop's override or the target endpoint's model. ``params_override``
     (an employee's parameters) applies to every hop.
     """

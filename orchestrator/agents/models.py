@@ -2,7 +2,7 @@
 
 API keys are never stored: an endpoint names the environment variable that holds its key
 (``api_key_env``) and the runtime reads it at call time. ``params`` columns hold the camelCase
-parameters of spec/001, validated by :class:`runtime.model_client.ModelParams`.
+parameters of docs/model-client.md, validated by :class:`runtime.model_config.ModelParams`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.db.models import F, Q
 from pydantic import ValidationError as PydanticValidationError
 
 from orchestrator.guard import endpoint_problems
-from runtime.model_client import ModelParams
+from runtime.model_config import ModelParams
 from runtime.scripted import load_script
 
 ENV_NAME_VALIDATOR = RegexValidator(
@@ -31,7 +31,7 @@ class Provider(models.TextChoices):
 
 
 class StreamToolCallCheck(models.TextChoices):
-    # Values are spec/001's spelling, which operators copy from its documentation.
+    # Values are spelled as in docs/model-client.md, which operators copy from.
     AUTO = "auto", "auto (500 ms observation window)"
     FIRST_CONTENT = "firstContent", "firstContent (first text decides)"
     DRAIN = "drain", "drain (read the whole stream first)"
@@ -176,7 +176,7 @@ class Employee(models.Model):
     #: Overrides of the endpoint's parameters for this employee (same shape).
     params = models.JSONField(default=dict, blank=True, validators=[_validate_params])
     max_steps = models.PositiveSmallIntegerField(default=12)
-    #: Tool names (string shorthand of spec/001); the harness decides what may actually run.
+    #: Tool names; the harness decides what may actually run.
     tools = models.JSONField(default=list, blank=True)
     tool_concurrency = models.PositiveSmallIntegerField(default=4)
     tool_timeout_seconds = models.FloatField(default=60.0)
@@ -218,8 +218,25 @@ class Employee(models.Model):
         return self.username
 
 
+class EndpointCircuit(models.Model):
+    """A model endpoint's breaker (key ``model-endpoint:<name>``), shared by every process:
+    the database store of :class:`runtime.breaker.CircuitBreaker` when no Redis is configured."""
+
+    key = models.CharField(max_length=200, unique=True)
+    state = models.CharField(max_length=10, default="closed")
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    cooldown_seconds = models.PositiveIntegerField(default=60)
+    probe_owner = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}:{self.state}"
+
+
 __all__ = [
     "Employee",
+    "EndpointCircuit",
     "FailoverRoute",
     "ModelEndpoint",
     "Provider",

@@ -19,7 +19,7 @@ from rest_framework import serializers
 
 from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
 from runtime import outbound
-from runtime.model_client import ModelParams
+from runtime.model_config import ModelParams
 from runtime.secrets import api_key_configured
 
 TOOL_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -47,7 +47,8 @@ PARAMS_SCHEMA = _openapi(ModelParams.model_json_schema(by_alias=True))
 
 @extend_schema_field(PARAMS_SCHEMA)
 class ModelParamsField(serializers.Field[Any, Any, dict[str, Any], Any]):
-    """spec/001 ``params``, validated by pydantic; errors point at the offending parameter."""
+    """The endpoint's ``params`` (docs/model-client.md), validated by pydantic; errors point
+    at the offending parameter."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("required", False)

@@ -17,7 +17,7 @@ from django.db.models import ProtectedError
 
 from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
 from orchestrator.errors import Conflict, InvalidInput
-from runtime.model_client import ModelParams
+from runtime.model_config import ModelParams
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from runtime.tools.ledger import EffectLedger, LedgerEntry, MemoryLedger, digest
 from runtime.truncation import truncate_output
 from runtime.types import Effect, ToolSpec
 from sandbox import (
+    Network,
     SandboxBusy,
     SandboxConfig,
     SandboxLimits,
@@ -48,7 +49,6 @@ from sandbox import (
     probe_backend,
     run_sandboxed_async,
 )
-from sandbox.types import Network
 
 logger = logging.getLogger(__name__)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 
+from runtime.policy import decision_of
 from runtime.tools.base import Tool
 from runtime.types import ToolSpec
 
@@ -23,6 +24,11 @@ class ToolProvider(Protocol):
 
     def specs(self) -> list[ToolSpec]: ...
 
+    def review_gates(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """``("ask", reason)`` for each of its tools among ``names`` whose every call a person
+        must review, whatever the harness plan says."""
+        ...
+
 
 _PROVIDERS: list[ToolProvider] = []
 
@@ -36,6 +42,17 @@ def tool_provider_register(provider: ToolProvider) -> None:
 
 def tool_providers() -> tuple[ToolProvider, ...]:
     return tuple(_PROVIDERS)
+
+
+def provider_review_gates(
+    decisions: Mapping[str, Any], providers: Iterable[ToolProvider] | None = None
+) -> dict[str, tuple[str, str]]:
+    """The ``ask`` decisions the providers (default: the registered ones) impose on the tools of
+    a plan's ``decisions``; a ``deny`` stays a deny. Applied last, so no allowlist waives them."""
+    gates: dict[str, tuple[str, str]] = {}
+    for provider in tool_providers() if providers is None else providers:
+        gates.update(provider.review_gates(decisions))
+    return {n: g for n, g in gates.items() if decision_of(decisions[n]) != "deny"}
 
 
 class ToolRegistry:

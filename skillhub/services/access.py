@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.planner import plan_tools
 from orchestrator.accounts.roles import Role, has_role, user_roles
 from orchestrator.errors import DomainError
 from runtime.types import Effect, ToolSpec
-from skillhub.models import Skill, ToolScope
+from skillhub.models import Skill, SkillLoopConfig, ToolScope
 
 
 class SkillForbidden(DomainError):
@@ -105,8 +106,6 @@ def skill_visible(skill: Skill, caller: Caller) -> bool:
 
 
 def _harness_decision(skill: Skill, harness: Mapping[str, Any]) -> tuple[str, str]:
-    from harness.planner import plan_tools
-
     decisions = plan_tools(harness, [skill_tool_spec(skill)]).decisions()
     value = decisions.get(skill.agent_tool_name, ("deny", "not planned"))
     if isinstance(value, tuple):
@@ -145,8 +144,6 @@ def skill_access_check(skill: Skill, caller: Caller, *, generic: bool = False) -
 
 
 def _requires_review(skill: Skill) -> bool:
-    from skillhub.models import SkillLoopConfig
-
     return SkillLoopConfig.objects.filter(skill=skill, requires_review=True).exists()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
-from loops import db
+from orchestrator import sql
 from skillhub.models import (
     ExecutionEventType,
     ExecutionStatus,
@@ -42,8 +42,8 @@ def event_append(
     under that token (a worker's own event); returns whether it was written."""
     with transaction.atomic():
         # Constant SQL fragments; the id is a parameter.
-        sql = f"SELECT status, lease_token FROM {_TABLE} WHERE id = %s{db.for_update()}"  # noqa: S608
-        rows = db.fetch_all(sql, [db.uuid_param(execution_id)])
+        statement = f"SELECT status, lease_token FROM {_TABLE} WHERE id = %s{sql.for_update()}"  # noqa: S608
+        rows = sql.fetch_all(statement, [sql.uuid_param(execution_id)])
         if not rows:
             return False
         status, token = rows[0]

@@ -30,9 +30,11 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
-from loops import db
+from orchestrator import sql
 from orchestrator.errors import InvalidInput
+from orchestrator.queue import enqueue
 from sandbox import (
+    MiB,
     OutputMeter,
     SandboxError,
     SandboxLimits,
@@ -40,7 +42,6 @@ from sandbox import (
     SandboxResult,
     run_sandboxed,
 )
-from sandbox.types import MiB
 from skillhub.models import (
     ExecutionEventType,
     ExecutionStatus,
@@ -158,8 +159,8 @@ def _create(
 ) -> SkillExecution:
     # Count and insert under one lock per principal (SQLite: the IMMEDIATE transaction's write
     # lock), so concurrent requests cannot all pass the last free slot.
-    if db.is_postgres():
-        db.fetch_all("SELECT pg_advisory_xact_lock(hashtext(%s))", [caller.principal])
+    if sql.is_postgres():
+        sql.fetch_all("SELECT pg_advisory_xact_lock(hashtext(%s))", [caller.principal])
     _rate_check(caller.principal)
     execution = SkillExecution.objects.create(
         skill=skill,
@@ -181,18 +182,14 @@ def _create(
         type=ExecutionEventType.QUEUED,
         data={"origin": origin, "principal": caller.principal, "code_bytes": len(execution.code)},
     )
-    transaction.on_commit(lambda: execution_nudge(execution.id))
+    execution_nudge(execution.id)
     return execution
 
 
 def execution_nudge(execution_id: uuid.UUID) -> None:
-    """Send the wake-up call for one execution to the skills queue (``SKILLHUB["QUEUE"]``)."""
-    from skillhub.tasks import execute_skill
-
-    try:
-        execute_skill.apply_async(args=(str(execution_id),), queue=_setting("QUEUE"))
-    except Exception:  # a broker outage only delays it: the poller nudges again
-        logger.warning("could not enqueue skill execution %s", execution_id, exc_info=True)
+    """Send the wake-up call for one execution to the skills queue (``SKILLHUB["QUEUE"]``) once
+    the transaction commits; a broker outage only delays it: the poller nudges again."""
+    enqueue("skillhub.execute", str(execution_id), queue=_setting("QUEUE"))
 
 
 # --- claim, run, finish ----------------------------------------------------------------------
@@ -205,30 +202,31 @@ def _as_uuid(value: Any) -> uuid.UUID:
 @transaction.atomic
 def execution_claim(*, execution_id: uuid.UUID, owner: str) -> ExecutionLease | None:
     """Claim a queued execution (lease = its timeout + margin); None when it is not claimable."""
-    rows = db.fetch_all(
-        f"SELECT id, timeout_seconds FROM {_TABLE} WHERE id = %s AND status = %s{db.skip_locked()}",
-        [db.uuid_param(execution_id), ExecutionStatus.QUEUED.value],
+    rows = sql.fetch_all(
+        f"SELECT id, timeout_seconds FROM {_TABLE} WHERE id = %s AND status = %s"
+        f"{sql.skip_locked()}",
+        [sql.uuid_param(execution_id), ExecutionStatus.QUEUED.value],
     )
     if not rows:
         return None
     lease_seconds = float(rows[0][1]) + float(_setting("LEASE_MARGIN_SECONDS"))
-    taken = db.fetch_all(
+    taken = sql.fetch_all(
         f"UPDATE {_TABLE} SET status = %s, lease_owner = %s, lease_token = lease_token + 1, "
-        f"lease_expires_at = {db.now_plus_sql()}, attempts = attempts + 1, "
-        f"started_at = {db.now_sql()} WHERE id = %s AND status = %s RETURNING lease_token",
+        f"lease_expires_at = {sql.now_plus_sql()}, attempts = attempts + 1, "
+        f"started_at = {sql.now_sql()} WHERE id = %s AND status = %s RETURNING lease_token",
         [
             ExecutionStatus.RUNNING.value,
             owner,
-            db.seconds_param(lease_seconds),
-            db.uuid_param(execution_id),
+            sql.seconds_param(lease_seconds),
+            sql.uuid_param(execution_id),
             ExecutionStatus.QUEUED.value,
         ],
     )
     if not taken:
         return None
     lease = ExecutionLease(execution_id, owner, int(taken[0][0]))
-    attempt = db.fetch_all(
-        f"SELECT attempts, max_attempts FROM {_TABLE} WHERE id = %s", [db.uuid_param(execution_id)]
+    attempt = sql.fetch_all(
+        f"SELECT attempts, max_attempts FROM {_TABLE} WHERE id = %s", [sql.uuid_param(execution_id)]
     )[0]
     event_append(
         execution_id=execution_id,
@@ -419,10 +417,10 @@ class RecoverReport:
 
 @transaction.atomic
 def _expired(limit: int) -> list[tuple[uuid.UUID, int, int]]:
-    rows = db.fetch_all(
+    rows = sql.fetch_all(
         f"SELECT id, attempts, max_attempts FROM {_TABLE} WHERE status = %s "
-        f"AND lease_expires_at < {db.now_sql()} ORDER BY lease_expires_at LIMIT %s"
-        f"{db.skip_locked()}",
+        f"AND lease_expires_at < {sql.now_sql()} ORDER BY lease_expires_at LIMIT %s"
+        f"{sql.skip_locked()}",
         [ExecutionStatus.RUNNING.value, limit],
     )
     out = []
@@ -430,7 +428,7 @@ def _expired(limit: int) -> list[tuple[uuid.UUID, int, int]]:
         execution_id = _as_uuid(rid)
         out.append((execution_id, int(attempts), int(max_attempts)))
         expired = SkillExecution.objects.filter(
-            pk=execution_id, status=ExecutionStatus.RUNNING, lease_expires_at__lt=db.time_now()
+            pk=execution_id, status=ExecutionStatus.RUNNING, lease_expires_at__lt=sql.time_now()
         )
         worker = expired.values_list("lease_owner", flat=True).first()
         counts = {"attempts": int(attempts), "max_attempts": int(max_attempts), "worker": worker}
@@ -507,8 +505,6 @@ async def execution_wait_async(
 
 
 def _read_closing(execution_id: uuid.UUID) -> SkillExecution:
-    from django.db import connection
-
     try:
         return SkillExecution.objects.get(pk=execution_id)
     finally:

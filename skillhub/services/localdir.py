@@ -26,7 +26,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from sandbox.types import MiB, SandboxError
+from django.conf import settings
+
+from orchestrator.paths import workspaces_root
+from sandbox import MiB, SandboxConfig, SandboxError
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +92,6 @@ class _Forbidden:
 
 def _forbidden() -> list[_Forbidden]:
     """Resolved directories a skill folder may neither lie in nor contain."""
-    from django.conf import settings
-
-    from loops.services.workspaces import workspaces_root
-
     var = "the service's var directory (LOOPWRIGHT_VAR_DIR)"
     found = [
         _Forbidden(os.path.realpath(settings.VAR_DIR), var),
@@ -103,8 +102,6 @@ def _forbidden() -> list[_Forbidden]:
 
 
 def _sandbox_work_root() -> str:
-    from sandbox.config import SandboxConfig
-
     return os.path.realpath(SandboxConfig.from_env().resolved_work_root())
 
 
@@ -118,8 +115,6 @@ def _in_sandbox_rundir(resolved: str, work_root: str) -> bool:
 def configured_roots() -> list[str]:
     """The usable roots, resolved; a root that resolves to ``/`` or into a system directory
     (possible only through a settings override or a symlink changed later) is ignored."""
-    from django.conf import settings
-
     roots = []
     for root in settings.SKILLHUB.get("LOCAL_ROOTS", ()) or ():
         problem = _root_problem(str(root))

@@ -12,6 +12,7 @@ from django.db import transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillSource, ToolScope
 from skillhub.render import placeholders
@@ -159,8 +160,6 @@ def _field_errors(data: Mapping[str, Any]) -> Errors:
 
 
 def _scope_errors(data: Mapping[str, Any]) -> Errors:
-    from orchestrator.agents.models import Employee
-
     scope, employees = data.get("tool_scope"), data.get("employees", [])
     if scope not in {s.value for s in ToolScope}:
         return [_err("/tool_scope", "must be custom, general or specified")]

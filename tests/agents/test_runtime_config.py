@@ -30,7 +30,8 @@ from runtime.breaker import (
     RedisBreakerStore,
     Verdict,
 )
-from runtime.model_client import ModelParams, OpenAICompatibleClient
+from runtime.model_client import OpenAICompatibleClient
+from runtime.model_config import ModelParams
 from runtime.scripted import ScriptedModelClient
 from runtime.types import ChatRequest
 from tests.support.model_server import Completion, Error, ModelServer
@@ -77,7 +78,7 @@ def test_the_config_carries_every_setting_and_resolves_failover_in_order():
     assert config.context_window == 32_000
     assert [hop.name for hop in config.failover] == ["backup-2", "backup-1"]
     second, first = config.failover
-    # A hop inherits the primary's parameters (spec/001), plus its own overrides.
+    # A hop inherits the primary's parameters, plus its own overrides.
     assert (second.model, second.params.temperature, second.params.top_p) == (
         "backup-2-model",
         0.7,

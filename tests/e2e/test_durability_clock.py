@@ -3,7 +3,7 @@
 Three layers of evidence:
 
 1. A static check: the SQL of every lease decision (claim, heartbeat, reaper, fenced writes) is
-   built from ``db.now_sql()``/``db.now_plus_sql()`` and never from a Python clock.
+   built from ``now_sql()``/``now_plus_sql()`` and never from a Python clock.
 2. In-process with ``time-machine``: with the Python clock 120 s ahead or behind, a claim's
    expiry is still "database now + TTL", a live lease is neither stolen nor reaped, and a
    heartbeat extends from database time.
@@ -32,11 +32,11 @@ import time_machine
 from django.db import connection
 from django.utils import timezone
 
-from loops import db
 from loops.models import LoopEvent, LoopRun, RunStatus
-from loops.services import budgets, claims, transitions
+from loops.services import budget_sql, claims, transitions
 from loops.services.claims import run_claim, run_heartbeat, runs_reap
 from loops.worker import engine
+from orchestrator.sql import now_sql
 from tests.e2e.conftest import start_beat, start_worker
 from tests.support.chaos import (
     attempts_per_key,
@@ -60,14 +60,14 @@ LEASE_FUNCTIONS = [
     claims._expired_leases,
     claims._expired_leases_for,
     transitions.fence_touch_sql,  # the statement of transitions.fenced_touch
-    budgets.fence_limits_sql,  # the fence of the journal's batched writes
+    budget_sql.fence_limits_sql,  # the fence of the journal's batched writes
 ]
 PYTHON_CLOCKS = ("timezone.now", "datetime.now", "datetime.utcnow", "time.time", "time.monotonic")
 
 
 def database_now() -> datetime:
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {db.now_sql().replace('%%', '%')}")
+        cursor.execute(f"SELECT {now_sql().replace('%%', '%')}")
         value = cursor.fetchone()[0]
     if isinstance(value, str):  # SQLite returns the text it stores
         value = datetime.fromisoformat(value).replace(tzinfo=UTC)
@@ -79,7 +79,7 @@ def test_the_lease_sql_is_built_from_the_database_clock_only() -> None:
         source = inspect.getsource(function)
         used = [clock for clock in PYTHON_CLOCKS if clock in source]
         assert used == [], f"{function.__qualname__} reads a Python clock: {used}"
-        assert "db.now_sql()" in source or "db.now_plus_sql()" in source or "now = db" in source, (
+        assert "now_sql()" in source or "now_plus_sql()" in source or "now = db" in source, (
             f"{function.__qualname__} decides on a lease without the database clock"
         )
 

@@ -35,6 +35,7 @@ from loops.worker.driver import RunDriver
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
+    NothingToPrepare,
     OutcomeKind,
     StepJournal,
 )
@@ -120,8 +121,10 @@ def closing_db_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(driver_module, "_db_call", _db_call_and_close)
 
 
-class _NeverInvoked:
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+class _NeverInvoked(NothingToPrepare):
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         return InvocationOutcome(kind=OutcomeKind.FAILED, code="unexpected")
 
 

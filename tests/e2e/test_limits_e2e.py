@@ -26,7 +26,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from loops.models import LoopEvent, LoopPattern, LoopRun, LoopStep, RunStatus, UsageBucket
-from loops.services.budgets import daily_scope, run_scope
+from loops.services.budget_rules import daily_scope, run_scope
 from loops.services.patterns import pattern_create
 from orchestrator.agents.services import employee_create, model_endpoint_create
 from tests.e2e.conftest import start_worker

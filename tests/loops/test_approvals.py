@@ -1,4 +1,4 @@
-"""Approvals through the real services (DESIGN.md §6, issue 5): a gated call parks the run and
+"""Approvals through the real services (docs/approvals.md): a gated call parks the run and
 opens an approval bound to that call; one decision per approval (approve, approve with edited
 input validated against the tool's schema and re-checked against the run's snapshot, reject);
 the run goes on only when every gated call of it is decided; approvers or the pattern's listed
@@ -455,23 +455,31 @@ def test_the_deep_link_of_a_notification_opens_a_page_of_the_ui(
     assert match.namespace == "ui", match
 
 
+def _notices(send_task: mock.MagicMock) -> list[list[str]]:
+    """The approval ids of each ``loops.notify_approvals`` message sent to Celery."""
+    return [
+        c.kwargs["args"][0]
+        for c in send_task.call_args_list
+        if c.args == ("loops.notify_approvals",)
+    ]
+
+
 def test_notifications_are_queued_only_after_the_parking_transaction_commits(
     pattern: LoopPattern, django_capture_on_commit_callbacks: Any
 ) -> None:
     with (
         with_webhook("http://127.0.0.1:9/unused"),
-        mock.patch("loops.tasks.notify_approvals_task.apply_async") as send,
-        mock.patch("loops.tasks.drive_run.apply_async"),
+        mock.patch("orchestrator.queue.app.send_task") as send,
     ):
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             run = park_directly(pattern, [write_call("a.txt", "A"), write_call("b.txt", "B")])
         ids = sorted(str(a.id) for a in pending_approvals(run))
         assert len(ids) == 2
-        send.assert_not_called()  # parked, committed by nobody yet: nothing announced
+        assert _notices(send) == []  # parked, committed by nobody yet: nothing announced
         for callback in callbacks:
             callback()
-        send.assert_called_once()
-        assert sorted(send.call_args.kwargs["args"][0]) == ids
+        [notified] = _notices(send)
+        assert sorted(notified) == ids
 
         class Abort(Exception):
             pass
@@ -483,11 +491,10 @@ def test_notifications_are_queued_only_after_the_parking_transaction_commits(
         ):
             park_directly(pattern, [write_call("c.txt", "C")])
             raise Abort
-        assert send.call_count == 1  # the rolled-back park announced nothing
+        assert len(_notices(send)) == 1  # the rolled-back park announced nothing
     with (
-        mock.patch("loops.tasks.notify_approvals_task.apply_async") as unconfigured,
-        mock.patch("loops.tasks.drive_run.apply_async"),
+        mock.patch("orchestrator.queue.app.send_task") as unconfigured,
         django_capture_on_commit_callbacks(execute=True),
     ):
         park_directly(pattern, [write_call("d.txt", "D")])
-    unconfigured.assert_not_called()  # no webhook, no e-mail: nothing to queue
+    assert _notices(unconfigured) == []  # no webhook, no e-mail: nothing to queue

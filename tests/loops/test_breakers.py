@@ -14,8 +14,8 @@ from loops.models import CircuitState, LoopEvent, LoopPattern, LoopRun, RunStatu
 from loops.policy import CircuitBreakerPolicy
 from loops.services import breakers
 from loops.services.breakers import Breaker, Outcome, State, admit, record
+from loops.services.endings import run_transition
 from loops.services.runs import run_act, run_retry, run_trigger
-from loops.services.transitions import run_transition
 from loops.triggers.guards import trigger_refusal
 from orchestrator.errors import Conflict
 from tests.support.factories import make_pattern

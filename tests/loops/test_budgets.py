@@ -12,17 +12,16 @@ import pytest
 from rest_framework.test import APIClient
 
 from loops.models import LoopEvent, LoopRun, LoopStep, RunStatus, UsageBucket
-from loops.services import budgets
-from loops.services.budgets import (
+from loops.services import budget_rules, budgets
+from loops.services.budget_rules import (
     Exhausted,
-    budget_admit_model_call,
-    budget_invocation_start,
     daily_scope,
     fits,
     has_room,
     parallel_admissible,
     run_scope,
 )
+from loops.services.budgets import budget_admit_model_call, budget_invocation_start
 from loops.services.runs import run_act, run_trigger
 from loops.services.steps import step_begin, step_complete, step_record, tool_step_begin
 from loops.services.transitions import Lease, run_transition
@@ -31,6 +30,7 @@ from orchestrator.errors import Conflict, InvalidInput
 from runtime.invocation import BudgetExhausted
 from tests.support.factories import make_pattern
 from tests.support.limits import InlineEngine, queued_run, running_run, tool_request
+from tests.support.write_paths import both_write_paths
 
 D = Decimal
 
@@ -121,7 +121,7 @@ def test_the_daily_scope_is_the_pattern_and_the_utc_day() -> None:
     assert daily_scope(7, late) == "pattern:7:2026-03-01"
     tokyo = late.astimezone(UTC).astimezone(tz=__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
     assert daily_scope(7, tokyo) == "pattern:7:2026-03-01"  # 08:30 on the 2nd in Tokyo
-    assert budgets.next_reset(late) == datetime(2026, 3, 2, tzinfo=UTC)
+    assert budget_rules.next_reset(late) == datetime(2026, 3, 2, tzinfo=UTC)
 
 
 def test_an_exhausted_budget_is_named_with_its_figures() -> None:
@@ -143,7 +143,7 @@ def test_an_exhausted_budget_is_named_with_its_figures() -> None:
 # --- buckets and the journal's checkpoints -------------------------------------------------
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_tool_calls_are_counted_as_they_begin_and_refused_past_the_per_run_limit() -> None:
     run, lease = running_run(policy={"budgets": {"perRun": {"toolCalls": 3}}})
     for n in range(3):
@@ -164,7 +164,7 @@ def test_tool_calls_are_counted_as_they_begin_and_refused_past_the_per_run_limit
     assert used(today(run.pattern_id), "toolCalls") == 3  # the day counts without a limit
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_refusal_of_the_daily_budget_takes_back_the_runs_own_unit() -> None:
     pattern = make_pattern(policy={"budgets": {"daily": {"toolCalls": 1}}})
     _, first = running_run(pattern)
@@ -176,7 +176,7 @@ def test_a_refusal_of_the_daily_budget_takes_back_the_runs_own_unit() -> None:
     assert used(today(pattern.pk), "toolCalls") == 1
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_delegation_counts_as_a_tool_call_and_a_delegation() -> None:
     run, lease = running_run(policy={"budgets": {"perRun": {"delegations": 1}}})
     begin_call(lease, name="dispatch_sub_agent_task", arguments={"to": "a"})
@@ -186,7 +186,7 @@ def test_a_delegation_counts_as_a_tool_call_and_a_delegation() -> None:
     assert used(run_scope(run.id), "toolCalls") == 2
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_gated_call_is_counted_when_it_is_gated() -> None:
     run, lease = running_run(policy={"budgets": {"perRun": {"toolCalls": 1}}})
     tool_step_begin(
@@ -202,7 +202,7 @@ def test_a_gated_call_is_counted_when_it_is_gated() -> None:
         begin_call(lease, arguments={"path": "b"})
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_model_steps_charge_tokens_and_cost_to_the_run_and_its_day() -> None:
     run, lease = running_run()
     model_step(lease, tokens=(400, 100), cost=0.025)
@@ -212,7 +212,7 @@ def test_model_steps_charge_tokens_and_cost_to_the_run_and_its_day() -> None:
         assert used(scope, "cost") == D("0.0375")
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_step_that_reports_usage_on_completion_is_charged_once() -> None:
     run, lease = running_run()
     seq = step_begin(lease, role="maker", invocation="m", kind="tool", name="skill", request={})
@@ -221,7 +221,7 @@ def test_a_step_that_reports_usage_on_completion_is_charged_once() -> None:
     assert used(run_scope(run.id), "tokens") == 15 and used(run_scope(run.id), "cost") == D("0.5")
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_model_call_may_not_start_once_tokens_are_used_up() -> None:
     _, lease = running_run(policy={"budgets": {"perRun": {"tokens": 1000}}})
     for _ in range(2):
@@ -233,7 +233,7 @@ def test_a_model_call_may_not_start_once_tokens_are_used_up() -> None:
         begin_call(lease)  # nothing else starts either
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_run_overshoots_a_cost_budget_by_at_most_the_call_that_crossed_it() -> None:
     run, lease = running_run(policy={"budgets": {"perRun": {"cost": 0.05}}})
     calls = 0
@@ -245,7 +245,7 @@ def test_a_run_overshoots_a_cost_budget_by_at_most_the_call_that_crossed_it() ->
     assert calls == 2 and used(run_scope(run.id), "cost") == D("0.06")  # 0.06 < 0.05 + 0.03
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_an_invocation_is_counted_once_however_often_it_resumes() -> None:
     run, lease = running_run(policy={"budgets": {"perRun": {"invocations": 2}}})
     assert budget_invocation_start(lease, role="leader", invocation="leader") is True
@@ -259,7 +259,7 @@ def test_an_invocation_is_counted_once_however_often_it_resumes() -> None:
     assert [e.data["invocation"] for e in started.order_by("seq")] == ["leader", "verifier"]
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_the_verifications_budget_refuses_the_verifier() -> None:
     _, lease = running_run(policy={"budgets": {"perRun": {"verifications": 0}}})
     budget_invocation_start(lease, role="maker", invocation="maker:0")
@@ -270,18 +270,18 @@ def test_the_verifications_budget_refuses_the_verifier() -> None:
 # --- the shared daily tokens budget: admission of parallel calls ---------------------------
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_a_call_waits_while_another_runs_call_is_in_flight_with_no_size_known() -> None:
     pattern = make_pattern(policy={"budgets": {"daily": {"tokens": 10_000}}})
     _, first = running_run(pattern)
     _, second = running_run(pattern)
     assert budget_admit_model_call(first) is None
-    assert budget_admit_model_call(second) == budgets.ADMISSION_RETRY_SECONDS
+    assert budget_admit_model_call(second) == budget_rules.ADMISSION_RETRY_SECONDS
     model_step(first)  # charged: the first call is no longer in flight
     assert budget_admit_model_call(second) is None
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_calls_run_in_parallel_while_the_headroom_is_large() -> None:
     pattern = make_pattern(policy={"budgets": {"daily": {"tokens": 10_000}}})
     _, first = running_run(pattern)
@@ -292,7 +292,7 @@ def test_calls_run_in_parallel_while_the_headroom_is_large() -> None:
     assert budget_admit_model_call(second) is None  # 500 + 2 x 2 x 500 <= 10k
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_near_the_limit_calls_go_one_at_a_time() -> None:
     pattern = make_pattern(policy={"budgets": {"daily": {"tokens": 2_000}}})
     _, first = running_run(pattern)
@@ -300,10 +300,12 @@ def test_near_the_limit_calls_go_one_at_a_time() -> None:
     budget_admit_model_call(first)
     model_step(first)
     assert budget_admit_model_call(first) is None
-    assert budget_admit_model_call(second) == budgets.ADMISSION_RETRY_SECONDS  # 500+2000 > 2000
+    assert (
+        budget_admit_model_call(second) == budget_rules.ADMISSION_RETRY_SECONDS
+    )  # 500+2000 > 2000
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_the_admission_of_a_run_whose_lease_is_gone_holds_nothing() -> None:
     pattern = make_pattern(policy={"budgets": {"daily": {"tokens": 10_000}}})
     first_run, first = running_run(pattern)

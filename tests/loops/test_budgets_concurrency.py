@@ -17,7 +17,8 @@ from decimal import Decimal
 import pytest
 
 from loops.models import LoopStep, UsageBucket
-from loops.services.budgets import budget_admit_model_call, daily_scope
+from loops.services.budget_rules import daily_scope
+from loops.services.budgets import budget_admit_model_call
 from loops.services.steps import step_record, tool_step_begin
 from loops.services.transitions import Lease
 from runtime.invocation import BudgetExhausted

@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from loops.models import ActionApproval, LoopRun, LoopStep, RunStatus, StepStatus
 from loops.services.approvals import approvals_expire
+from loops.services.endings import run_transition
 from loops.services.runs import run_act
-from loops.services.transitions import REASONED, run_transition
+from loops.services.transitions import REASONED
 from loops.worker.engine import _conclude_invocation, _conclude_verdict, load_run_state
 from runtime.invocation import InvocationOutcome, LoopRole, OutcomeKind
 from tests.support.factories import make_pattern, make_run

@@ -7,10 +7,13 @@ from django.utils import timezone
 
 from loops.models import LoopEvent, LoopRun, PathLock, RunStatus
 from loops.services.claims import run_claim, run_heartbeat, runs_reap
+from loops.services.endings import run_transition
 from loops.services.locks import path_locks_acquire
 from loops.services.steps import step_begin
-from loops.services.transitions import Lease, LeaseLost
+from loops.services.transitions import Lease
+from runtime.invocation import LeaseLost
 from tests.support.factories import make_pattern, make_run
+from tests.support.write_paths import both_write_paths
 
 pytestmark = pytest.mark.django_db
 
@@ -35,6 +38,7 @@ def test_claim_takes_a_queued_run_with_a_lease_and_a_new_token() -> None:
     )
 
 
+@both_write_paths
 def test_claim_skips_runs_with_a_live_lease_and_runs_not_yet_due() -> None:
     make_run(not_before=timezone.now() + timedelta(minutes=5))
     run_claim(owner="w0", lease_seconds=60)
@@ -43,6 +47,7 @@ def test_claim_skips_runs_with_a_live_lease_and_runs_not_yet_due() -> None:
     assert run_claim(owner="w2", lease_seconds=60) == []
 
 
+@both_write_paths
 def test_claim_by_id_only_takes_that_run() -> None:
     first, second = make_run(), make_run()
     [claim] = run_claim(owner="w1", lease_seconds=60, run_id=second.id)
@@ -51,7 +56,7 @@ def test_claim_by_id_only_takes_that_run() -> None:
     assert first.status == RunStatus.QUEUED
 
 
-@pytest.mark.django_db(transaction=True)  # on PostgreSQL: the one-statement claim too
+@both_write_paths  # fast, on PostgreSQL: the one-statement claim too
 def test_claim_by_ids_takes_the_runnable_ones_of_them_once_each() -> None:
     """Nudged runs claimed together: only those named, each once, those not runnable (leased,
     not due) left alone, a limited pattern's runs counted under its lock, ``limit`` caps."""
@@ -78,12 +83,14 @@ def test_claim_by_ids_takes_the_runnable_ones_of_them_once_each() -> None:
     assert run_claim(owner="w2", lease_seconds=60, run_ids=[]) == []
 
 
+@both_write_paths
 def test_a_duplicate_claim_of_the_same_run_does_nothing() -> None:
     run = make_run()
     assert len(run_claim(owner="w1", lease_seconds=60, run_id=run.id)) == 1
     assert run_claim(owner="w2", lease_seconds=60, run_id=run.id) == []
 
 
+@both_write_paths
 def test_pattern_concurrency_limit_holds_runs_back_in_queued() -> None:
     pattern = make_pattern(max_concurrency=2)
     runs = [make_run(pattern) for _ in range(5)]
@@ -159,8 +166,6 @@ def test_path_locks_serialise_two_runs_on_overlapping_paths() -> None:
     assert conflicts and conflicts[0]["held"] == "src/app"
     assert path_locks_acquire(run_id=c.id, repository_key="repo", paths=["docs"]) == []
     assert path_locks_acquire(run_id=b.id, repository_key="other-repo", paths=["src/app"]) == []
-    from loops.services.transitions import run_transition
-
     run_transition(run_id=a.id, to=RunStatus.CANCELED, actor="op")
     assert not PathLock.objects.filter(run=a).exists()
     assert path_locks_acquire(run_id=b.id, repository_key="repo", paths=["src/app/models.py"]) == []

@@ -18,6 +18,7 @@ import pytest
 from django.db import IntegrityError, connection
 
 from loops import db
+from orchestrator.sql import fetch_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TABLE = "lw_batch_probe"
@@ -35,7 +36,7 @@ def probe_table() -> Iterator[None]:
 
 
 def _notes() -> list[tuple[int, str | None]]:
-    return [(int(i), n) for i, n in db.fetch_all(f"SELECT id, note FROM {TABLE} ORDER BY id", [])]
+    return [(int(i), n) for i, n in fetch_all(f"SELECT id, note FROM {TABLE} ORDER BY id", [])]
 
 
 def test_values_come_back_as_they_were_sent(probe_table: None) -> None:

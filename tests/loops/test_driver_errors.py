@@ -32,6 +32,7 @@ from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LoopRole,
+    NothingToPrepare,
     OutcomeKind,
     StepJournal,
 )
@@ -136,13 +137,15 @@ def test_every_attempt_failing_on_errors_says_so_with_each_distinct_error() -> N
 # --- the driver, end to end in this process ------------------------------------------------
 
 
-class _Roles:
+class _Roles(NothingToPrepare):
     """Every role finishes at once; the maker first does ``on_maker(workdir)``."""
 
     def __init__(self, on_maker: Any) -> None:
         self.on_maker = on_maker
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         output: dict[str, Any] = {"summary": "done"}
         if request.role == LoopRole.LEADER:
             output = {"tasks": [{"title": "do it"}]}

@@ -20,6 +20,7 @@ from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LoopRole,
+    NothingToPrepare,
     OutcomeKind,
     StepJournal,
 )
@@ -32,13 +33,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 POLL_SECONDS = 30.0
 
 
-class _Instant:
+class _Instant(NothingToPrepare):
     """Every role finishes at once (after ``hold`` seconds), with an output its role accepts."""
 
     def __init__(self, hold: float = 0.0) -> None:
         self.hold = hold
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         await asyncio.sleep(self.hold)
         output: dict[str, Any] = {"summary": "done"}
         if request.role == LoopRole.LEADER:

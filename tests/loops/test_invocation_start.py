@@ -18,7 +18,7 @@ from django.utils import timezone
 from loops import db
 from loops.models import LoopEvent, LoopRun, LoopStep, UsageBucket
 from loops.policy import PatternPolicy
-from loops.services import budgets
+from loops.services import budget_rules, budgets
 from loops.services.claims import run_claim
 from loops.services.steps import call_counts, invocation_begin, step_begin
 from loops.services.transitions import Lease
@@ -30,7 +30,7 @@ from tests.support.factories import make_pattern, make_run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _claimed(policy: dict[str, Any] | None = None) -> tuple[Lease, budgets.RunLimits]:
+def _claimed(policy: dict[str, Any] | None = None) -> tuple[Lease, budget_rules.RunLimits]:
     """A claimed run and its limits as the engine has them after the claim."""
     pattern = make_pattern(policy=policy or {})
     snapshot = PatternPolicy.model_validate(policy or {}).model_dump()
@@ -78,7 +78,7 @@ def test_the_first_start_with_the_claims_limits_is_one_round_trip() -> None:
     assert _counted(lease) == 1
     pattern_id = LoopRun.objects.get(pk=lease.run_id).pattern_id
     day = UsageBucket.objects.get(
-        scope=budgets.daily_scope(pattern_id, timezone.now()), metric="invocations"
+        scope=budget_rules.daily_scope(pattern_id, timezone.now()), metric="invocations"
     )
     assert int(day.value) == 1
     event = LoopEvent.objects.get(run_id=lease.run_id, type="invocation.started")

@@ -20,9 +20,11 @@ from loops import db
 from loops.models import LoopPattern, LoopRun, LoopStep, UsageBucket
 from loops.policy import PatternPolicy
 from loops.services.claims import run_claim
-from loops.services.steps import JournalOutOfStep, step_begin
+from loops.services.step_records import JournalOutOfStep
+from loops.services.steps import step_begin
 from loops.services.transitions import Lease
-from loops.worker.engine import DbJournal, _invocation_begin
+from loops.worker.engine import _invocation_begin
+from loops.worker.journal import DbJournal
 from runtime.invocation import BudgetExhausted, LeaseLost, LoopRole
 from tests.support.factories import make_pattern, make_run
 

@@ -12,7 +12,7 @@ import pytest
 from loops.models import LoopEvent, LoopStep, RunStatus
 from loops.policy import ToolLoopPolicy
 from loops.services import budgets
-from loops.services.budgets import run_scope
+from loops.services.budget_rules import run_scope
 from loops.services.runs import run_act
 from loops.services.steps import step_record, tool_step_begin
 from loops.services.tool_repeats import RepeatVerdict, call_hash, judge
@@ -23,6 +23,7 @@ from tests.support.fake_model import RecordingTool, ScriptedModel, call, calls, 
 from tests.support.fake_model import text as answer
 from tests.support.journal import MemoryJournal
 from tests.support.limits import InlineEngine, LoopingModel, queued_run, running_run, tool_request
+from tests.support.write_paths import both_write_paths
 
 LOOP = {"toolLoop": {"warnAt": 2, "blockAt": 3, "escalateAt": 5}}
 
@@ -79,7 +80,7 @@ def answered(lease: Lease, path: str = "same") -> int:
     )
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_identical_calls_are_counted_across_invocations_and_warned_then_blocked() -> None:
     run, lease = running_run(policy=LOOP)
     assert begin(lease, "leader").notice == ""
@@ -99,7 +100,7 @@ def test_identical_calls_are_counted_across_invocations_and_warned_then_blocked(
     ]
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_the_escalating_call_stops_the_run_and_leaves_no_step() -> None:
     run, lease = running_run(policy=LOOP)
     for _ in range(4):
@@ -113,7 +114,7 @@ def test_the_escalating_call_stops_the_run_and_leaves_no_step() -> None:
     assert LoopStep.objects.filter(run=run).count() == steps
 
 
-@pytest.mark.django_db
+@both_write_paths
 def test_calls_answered_without_running_count_and_can_escalate() -> None:
     run, lease = running_run(policy=LOOP)
     begin(lease)

@@ -4,8 +4,10 @@ import pytest
 
 from loops import state
 from loops.models import LoopEvent, LoopRun, RunStatus
-from loops.services.transitions import Lease, LeaseLost, run_transition
+from loops.services.endings import run_transition
+from loops.services.transitions import Lease
 from loops.state import TransitionRefused
+from runtime.invocation import LeaseLost
 from tests.support.factories import make_run
 
 ALLOWED = [(src, dst) for src, targets in state.TRANSITIONS.items() for dst in sorted(targets)]

@@ -26,7 +26,7 @@ from django.test.utils import CaptureQueriesContext
 
 from loops import db
 from loops.policy import PatternPolicy
-from loops.services import budgets
+from loops.services import budget_rules
 from loops.services.claims import run_claim
 from loops.worker.engine import DbJournal, _invocation_begin, load_run_state, prepare
 from runtime.invocation import InvocationRequest, LoopRole
@@ -46,15 +46,14 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 #: PostgreSQL: the fence that also proves the limits and the duplicate-call count unchanged
 #: since the journal last read them, the two steps, their usage. SQLite (statement by
 #: statement, no round trips to save): fence + limits, the count, the two steps, their usage.
-#: Was 21, then 9, then 5 / 7 (docs/performance.md).
 STATEMENTS_PER_STEP = {
     "postgresql": {Effect.READ: 4, Effect.WRITE: 6},
     "sqlite": {Effect.READ: 5, Effect.WRITE: 7},
 }
-#: Calls of the journal into the database per step (each one transaction). Was 4, then 3.
+#: Calls of the journal into the database per step (each one transaction).
 DB_CALLS_PER_STEP = {Effect.READ: 1, Effect.WRITE: 2}
 #: Network round trips per step on PostgreSQL (a transaction's statements are sent together,
-#: its commit with them). Was 2 / 3 while the fence's answer was read before the writes.
+#: its commit with them).
 ROUND_TRIPS_PER_STEP = {Effect.READ: 1, Effect.WRITE: 2}
 STEPS = 12
 TOOLS = ("noop_a", "noop_b")  # alternated: the repetition guard ends long runs of one tool
@@ -137,7 +136,7 @@ def _per_step(
 ) -> list[tuple[int, int, int, list[str]]]:
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # the journal runs inline here
     # An unmetered run re-asks for admission once a second; a slow machine must not see it.
-    monkeypatch.setattr(budgets, "ADMISSION_RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(budget_rules, "ADMISSION_RECHECK_SECONDS", 3600.0)
     lease, state = _leased_run()
     driver = InlineDriver()
     start, calls = _invocation_begin(lease, LoopRole.MAKER, "maker:0")

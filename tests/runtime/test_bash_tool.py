@@ -300,7 +300,8 @@ def test_bash_is_absent_where_no_sandbox_can_run() -> None:
 
 
 def test_the_agent_invoker_registers_bash_where_the_sandbox_runs(settings: Any) -> None:
-    from loops.worker.invoker import AgentInvoker, tool_spec
+    from loops.worker.invoker import AgentInvoker
+    from runtime.tools.specs import tool_spec
 
     assert "bash" in AgentInvoker().tools
     assert tool_spec("bash") == BASH_SPEC

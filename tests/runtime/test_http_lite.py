@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from runtime import http_lite
-from runtime.model_client import _ssl_context
+from runtime.model_pool import ssl_context
 from runtime.outbound import OutboundPolicy, OutboundRefused, ResponseTooLarge
 
 pytestmark = pytest.mark.anyio
@@ -92,7 +92,7 @@ def echo(body: bytes) -> bytes:
 
 async def test_calls_reuse_one_kept_alive_connection(serve: Serve) -> None:
     server = await serve(echo)
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         for n in range(5):
             answer = await pool.post_json(
@@ -111,7 +111,7 @@ async def test_a_connection_the_server_ended_while_idle_is_replaced(
     serve: Serve,
 ) -> None:
     server = await serve(echo, close_after=0.0)
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         first = await pool.post_json(server.url, {"n": 1}, {}, connect_timeout=5)
         await asyncio.sleep(0.05)  # the server has closed it by now
@@ -131,7 +131,7 @@ async def test_chunked_and_compressed_answers_are_read_whole(serve: Serve) -> No
     def gzipped(_: bytes) -> bytes:
         return plain(gzip.compress(b'{"z": 1}'), extra="Content-Encoding: gzip\r\n")
 
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         for reply, expected in ((chunked, {"a": "xyz"}), (gzipped, {"z": 1})):
             server = await serve(reply)
@@ -146,7 +146,7 @@ async def test_an_error_status_comes_back_with_its_headers(serve: Serve) -> None
         return plain(b'{"error": "slow down"}', "429 Too Many Requests", "Retry-After: 3\r\n")
 
     server = await serve(limited)
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         answer = await pool.post_json(server.url, {}, {}, connect_timeout=5)
     finally:
@@ -159,7 +159,7 @@ async def test_a_refused_connection_and_a_bad_url_fail_clearly() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     with pytest.raises(http_lite.HttpError, match=r"Connect|refused"):
         await pool.post_json(f"http://127.0.0.1:{port}/v1", {}, {}, connect_timeout=2)
     with pytest.raises(http_lite.BadUrl, match="expected http"):
@@ -174,7 +174,7 @@ async def test_proxy_variables_do_not_divert_calls(
     server, proxy = await serve(echo), await serve(echo)
     for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
         monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.port}")
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         answer = await pool.post_json(server.url, {"n": 1}, {}, connect_timeout=5)
     finally:
@@ -186,7 +186,7 @@ async def test_proxy_variables_do_not_divert_calls(
 async def test_an_address_the_policy_refuses_is_never_connected(serve: Serve) -> None:
     server = await serve(echo)
     deny = OutboundPolicy(private="deny")
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         with pytest.raises(OutboundRefused, match="LOOPWRIGHT_OUTBOUND_PRIVATE=deny"):
             await pool.post_json(server.url, {}, {}, connect_timeout=5, policy=deny)
@@ -209,7 +209,7 @@ async def test_bodies_stop_at_the_size_cap_compressed_or_not(serve: Serve) -> No
         return plain(b"x" * 5000)
 
     capped = OutboundPolicy(max_body_bytes=4096)
-    pool = http_lite.Pool(_ssl_context())
+    pool = http_lite.Pool(ssl_context())
     try:
         for reply in (bomb, big):
             server = await serve(reply)

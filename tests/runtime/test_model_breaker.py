@@ -25,7 +25,8 @@ from runtime.breaker import (
     RedisBreakerStore,
     Verdict,
 )
-from runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
+from runtime.model_client import OpenAICompatibleClient
+from runtime.model_config import EndpointConfig, RetryPolicy
 from runtime.types import ChatRequest, ModelCallFailed
 from tests.support.breakers import FakeClock
 from tests.support.model_server import Completion, Delay, Error, ModelServer, RecordedRequest

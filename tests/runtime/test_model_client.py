@@ -12,14 +12,9 @@ from typing import Any
 
 import pytest
 
-from runtime import http_lite, model_client
-from runtime.model_client import (
-    EndpointConfig,
-    ModelParams,
-    OpenAICompatibleClient,
-    RetryPolicy,
-    client_for_endpoint,
-)
+from runtime import http_lite, model_pool
+from runtime.model_client import OpenAICompatibleClient, client_for_endpoint
+from runtime.model_config import EndpointConfig, ModelParams, RetryPolicy
 from runtime.scripted import ScriptedModelClient
 from runtime.types import ChatRequest, ContextOverflow, ModelCallFailed
 from tests.support.model_server import (
@@ -42,7 +37,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "http_lite":
         monkeypatch.setattr(http_lite, "IDLE_PER_ORIGIN", 0)
         monkeypatch.setattr(
-            model_client, "_lite_pool", lambda: http_lite.Pool(model_client._ssl_context())
+            model_pool, "lite_pool", lambda: http_lite.Pool(model_pool.ssl_context())
         )
     return str(request.param)
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
+from runtime.model_client import OpenAICompatibleClient
+from runtime.model_config import EndpointConfig, RetryPolicy
 from runtime.secrets import Secret, api_key_from_env, redact
 from runtime.types import ChatRequest, ModelCallFailed
 from tests.support.model_server import Error, ModelServer, RecordedRequest, Stream, Text

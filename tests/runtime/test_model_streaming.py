@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from runtime.model_client import EndpointConfig, OpenAICompatibleClient, RetryPolicy
+from runtime.model_client import OpenAICompatibleClient
+from runtime.model_config import EndpointConfig, RetryPolicy
 from runtime.streaming import StreamMode
 from runtime.types import ChatRequest, ContextOverflow, ModelCallFailed
 from tests.support.model_server import (

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 from jsonschema.exceptions import SchemaError
 
 from runtime.tools import ToolRegistry, tool_schema
+from runtime.tools.registry import provider_review_gates
+from runtime.types import ToolSpec
 from tests.support.fake_model import RecordingTool
 
 
@@ -44,3 +48,26 @@ def test_tool_schema_is_a_chat_completions_function() -> None:
             "parameters": {"type": "object", "properties": {}},
         },
     }
+
+
+class _ReviewedProvider:
+    """A provider whose ``reviewed`` tools a person must approve call by call."""
+
+    def __init__(self, *reviewed: str) -> None:
+        self.reviewed = reviewed
+
+    def get(self, name: str) -> None:
+        return None
+
+    def specs(self) -> list[ToolSpec]:
+        return []
+
+    def review_gates(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
+        return {n: ("ask", f"review {n}") for n in names if n in self.reviewed}
+
+
+def test_provider_review_gates_turn_allow_into_ask_and_leave_a_deny() -> None:
+    decisions = {"a": ("allow", "plan"), "b": "deny", "c": "allow"}
+    gates = provider_review_gates(decisions, [_ReviewedProvider("a", "b"), _ReviewedProvider()])
+    assert gates == {"a": ("ask", "review a")}
+    assert provider_review_gates(decisions, []) == {}

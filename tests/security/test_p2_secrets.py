@@ -34,6 +34,7 @@ from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.worker.engine import drive_run
 from loops.worker.invoker import AgentInvoker
+from orchestrator.agents.models import EndpointCircuit
 from orchestrator.agents.services import FailoverSpec, employee_create, model_endpoint_create
 from runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
 from tests.support.approvals import (
@@ -165,7 +166,7 @@ def _rows(run_ids: list[uuid.UUID]) -> str:
             dumps.append(json.dumps(model_to_dict(row), default=str))
     for run in LoopRun.objects.filter(id__in=run_ids):
         dumps.append(json.dumps(model_to_dict(run), default=str))
-    for state in CircuitState.objects.all():
+    for state in [*CircuitState.objects.all(), *EndpointCircuit.objects.all()]:
         dumps.append(json.dumps(model_to_dict(state), default=str))
     return "\n".join(dumps)
 

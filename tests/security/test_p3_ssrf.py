@@ -41,13 +41,9 @@ from loops.worker.invoker import AgentInvoker
 from orchestrator import guard
 from orchestrator.agents.models import ModelEndpoint
 from runtime import outbound, outbound_http
-from runtime.model_client import (
-    EndpointConfig,
-    OpenAICompatibleClient,
-    RetryPolicy,
-    close_http_pool,
-    pool_http_connections,
-)
+from runtime.model_client import OpenAICompatibleClient
+from runtime.model_config import EndpointConfig, RetryPolicy
+from runtime.model_pool import close_http_pool, pool_http_connections
 from runtime.outbound import OutboundPolicy, OutboundRefused, system_resolver
 from runtime.tools import DirectoryLedger, FileToolConfig, builtin_registry
 from runtime.types import ChatRequest, ModelCallFailed

@@ -71,11 +71,8 @@ def readable_copy() -> Iterator[Path]:
     """``sandbox`` copied where any user can import it."""
     root = Path(tempfile.mkdtemp(prefix="lw-sandbox-pkg-"))
     shutil.copytree(
-        REPO / "skillhub" / "sandbox",
-        root / "skillhub" / "sandbox",
-        ignore=shutil.ignore_patterns("__pycache__"),
+        REPO / "sandbox", root / "sandbox", ignore=shutil.ignore_patterns("__pycache__")
     )
-    (root / "skillhub" / "__init__.py").write_text("")
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield root

@@ -8,16 +8,16 @@ from collections.abc import Callable
 
 import pytest
 
-from loops.worker.invoker import AgentInvoker, tool_spec
+from loops.worker.invoker import AgentInvoker
 from runtime.tools import ToolRegistry
-from runtime.tools.registry import tool_providers
+from runtime.tools.registry import provider_review_gates, tool_providers
+from runtime.tools.specs import tool_spec
 from runtime.types import Effect
 from skillhub.models import Skill, SkillLoopConfig
 from skillhub.tools import (
     EXECUTE,
     SKILL_TOOLS,
     SkillToolProvider,
-    skill_review_gates,
 )
 from tests.skillhub.conftest import NUMBERS
 
@@ -72,6 +72,6 @@ def test_a_review_config_turns_allow_into_ask_but_never_deny_into_ask(
     SkillLoopConfig.objects.create(skill=skill, review_prompt="Look closely.")
     SkillLoopConfig.objects.create(skill=other, review_prompt="x")
     decisions = {"skill_hub_py_add": ("allow", "trusted"), "skill_hub_py_other": ("deny", "no")}
-    assert skill_review_gates(decisions) == {
+    assert provider_review_gates(decisions) == {
         "skill_hub_py_add": ("ask", "Skill review required: Look closely.")
     }

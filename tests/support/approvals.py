@@ -53,6 +53,7 @@ from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LoopRole,
+    NothingToPrepare,
     OutcomeKind,
     StepJournal,
 )
@@ -207,13 +208,15 @@ def recording_registry(ledger_dir: Path) -> tuple[ToolRegistry, list[Executed]]:
 # --- the engine in this process ------------------------------------------------------------
 
 
-class ScriptedRoleInvoker:
+class ScriptedRoleInvoker(NothingToPrepare):
     """The tool loop under the production role policy, with an in-process model."""
 
     def __init__(self, model: RoleScript, tools: ToolRegistry) -> None:
         self.model, self.tools = model, tools
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         policy = role_tool_policy(request, self.tools.specs())
         loop = ToolLoopInvoker(
             model_clients=lambda _username: self.model,

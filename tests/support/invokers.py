@@ -18,6 +18,7 @@ from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
     LoopRole,
+    NothingToPrepare,
     OutcomeKind,
     StepJournal,
 )
@@ -71,7 +72,7 @@ def side_effect_counts() -> dict[str, int]:
     return {"effects": int(effects), "attempts": int(attempts), "attempted_keys": int(keys)}
 
 
-class SideEffectInvoker:
+class SideEffectInvoker(NothingToPrepare):
     """Each invocation performs ``LW_TEST_STEPS`` side-effecting steps, resuming from the journal."""
 
     def __init__(self) -> None:
@@ -79,7 +80,9 @@ class SideEffectInvoker:
         self.sleep = float(os.environ.get("LW_TEST_STEP_SLEEP", "0.02"))
         self.verdict = os.environ.get("LW_TEST_VERDICT", "pass")
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         done = await journal.steps()
         finished = {s.request.get("i") for s in done if s.status == "completed"}
         started = {s.request.get("i"): s.seq for s in done if s.status == "started"}

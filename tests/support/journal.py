@@ -7,8 +7,10 @@ crash injection after a chosen write, and a lost lease.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +183,9 @@ class MemoryJournal:
 
     def tool_notice(self, seq: int) -> str:
         return ""
+
+    async def db_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
         self._fence()

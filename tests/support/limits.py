@@ -25,7 +25,12 @@ from loops.policy import PatternPolicy
 from loops.services.claims import run_claim
 from loops.services.transitions import Lease
 from loops.worker.engine import drive_run
-from runtime.invocation import InvocationOutcome, InvocationRequest, StepJournal
+from runtime.invocation import (
+    InvocationOutcome,
+    InvocationRequest,
+    NothingToPrepare,
+    StepJournal,
+)
 from runtime.loop import LoopSettings, ToolLoopInvoker
 from runtime.policy import ToolPolicy
 from runtime.tools import ToolRegistry
@@ -132,11 +137,13 @@ class LoopingModel:
 # --- the engine in this process ------------------------------------------------------------
 
 
-class _Invoker:
+class _Invoker(NothingToPrepare):
     def __init__(self, model: LoopingModel, tools: ToolRegistry, max_steps: int) -> None:
         self.model, self.tools, self.max_steps = model, tools, max_steps
 
-    async def invoke(self, request: InvocationRequest, journal: StepJournal) -> InvocationOutcome:
+    async def invoke(
+        self, request: InvocationRequest, journal: StepJournal, prepared: Any = None
+    ) -> InvocationOutcome:
         policy = ToolPolicy.from_decisions({name: "allow" for name in self.tools.names()})
         loop = ToolLoopInvoker(
             model_clients=lambda _username: self.model,

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from loops.models import LoopRun, RunStatus
-from loops.services.transitions import run_transition
+from loops.services.endings import run_transition
 from orchestrator import cli
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure

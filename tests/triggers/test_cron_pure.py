@@ -11,7 +11,7 @@ from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loops.triggers.cron import (
+from loops.cron import (
     MISSED_COUNT_CAP,
     CronInvalid,
     CronSpec,

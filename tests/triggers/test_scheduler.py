@@ -10,9 +10,9 @@ from unittest import mock
 import pytest
 from django.db import transaction
 
+from loops.cron import FireDecision
 from loops.models import CronFire, CronSchedule, LoopEvent, LoopPattern, LoopRun
 from loops.triggers import scheduler
-from loops.triggers.cron import FireDecision
 from loops.triggers.scheduler import TickReport, cron_schedule_sync, cron_tick
 from tests.triggers.conftest import T0, cron_pattern
 
@@ -249,12 +249,13 @@ def test_nudges_go_out_after_commit_and_never_with_an_eta(
     pattern = cron_pattern("*/5 * * * *")
     cron_schedule_sync(pattern, now=T0)
     with (
-        mock.patch("loops.tasks.drive_run.apply_async") as send,
+        mock.patch("orchestrator.queue.app.send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         cron_tick(now=T0 + minutes(5))
     [fire] = fires_of(pattern)
     send.assert_called_once()
+    assert send.call_args.args == ("loops.drive_run",)
     assert send.call_args.kwargs.get("args") == (str(fire.run_id),)
     assert not {"eta", "countdown"} & set(send.call_args.kwargs)
 

@@ -20,9 +20,9 @@ import pytest
 from django.db import connection
 from django.db.models import Count
 
+from loops.cron import FireDecision
 from loops.models import CronFire, LoopPattern, LoopRun
 from loops.triggers import scheduler
-from loops.triggers.cron import FireDecision
 from loops.triggers.scheduler import TickReport, cron_schedule_sync, cron_tick
 from tests.triggers.conftest import T0
 

@@ -19,8 +19,8 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
 
-from frontend.streams import OPEN_STREAMS
 from orchestrator.accounts.services import user_ensure
+from orchestrator.sse import OPEN_STREAMS
 from tests.conftest import PERSONAS
 from tests.support.invokers import create_side_effect_tables
 from tests.support.workers import WorkerProcess, wait_for

@@ -9,8 +9,8 @@ import pytest
 from django.test import Client, RequestFactory
 from playwright.sync_api import expect
 
+from frontend.selectors.approvals import queue_version
 from frontend.streams import ApprovalsFeed
-from frontend.views.approvals import queue_version
 from loops.models import ActionApproval
 from loops.services.approvals import approval_decide
 from orchestrator.accounts.services import user_ensure

@@ -10,7 +10,7 @@ import pytest
 from django.template.loader import render_to_string
 from django.test import Client
 
-from frontend import selectors
+from frontend.selectors import runs
 from loops.models import ActionApproval, ApprovalStatus, LoopRun, RunStatus
 from loops.services.budgets import budget_take, run_budget_usage, run_limits
 from loops.services.steps import step_record
@@ -155,7 +155,7 @@ def test_the_live_row_carries_the_budget_and_the_pending_approvals() -> None:
     run, lease = running_run(policy=LIMITED)
     charge(lease)
     approval(run, 1)
-    [listed] = selectors.runs_by_ids([run.id])  # what the monitor's stream renders
+    [listed] = runs.runs_by_ids([run.id])  # what the monitor's stream renders
     row = render_to_string("frontend/runs/_row.html", {"run": listed})
     assert "1,471 / 10,000" in row and "0.0125 / 0.50" in row
     assert "1 pending approval<" in row

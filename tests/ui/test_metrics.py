@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from frontend.metrics import _percentile, metrics_summary
+from frontend.selectors.metrics import _percentile, metrics_summary
 from loops.models import ActionApproval, LoopStep, RunStatus
 from tests.support.factories import make_pattern, make_run
 

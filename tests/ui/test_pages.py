@@ -253,7 +253,7 @@ def test_an_unexpected_error_in_a_view_is_an_html_500_page(
     def boom(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr("frontend.selectors.patterns_with_last_run", boom)
+    monkeypatch.setattr("frontend.selectors.patterns.patterns_with_last_run", boom)
     client = client_as("viewer")
     client.raise_request_exception = False  # as a browser sees it
     response = client.get("/patterns", HTTP_X_REQUEST_ID="req-42")

@@ -16,10 +16,11 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils import timezone
 
-from frontend import selectors
-from frontend.streams import OPEN_STREAMS, RunFeed, RunsFeed
+from frontend.selectors import runs
+from frontend.streams import RunFeed, RunsFeed
 from loops.models import LoopStep, RunStatus
 from loops.services.runs import run_act
+from orchestrator.sse import OPEN_STREAMS
 from tests.support.factories import make_pattern, make_run
 from tests.ui.conftest import make_user
 
@@ -132,7 +133,7 @@ def test_an_unknown_run_stream_is_an_html_404(client_as: ClientAs) -> None:
 def test_the_runs_stream_sends_new_runs_and_honours_last_event_id(client_as: ClientAs) -> None:
     pattern = make_pattern(key="greet")
     old = make_run(pattern)
-    cursor = selectors.change_cursor_now().encode()
+    cursor = runs.change_cursor_now().encode()
     new = make_run(pattern)
     client = client_as("viewer")
     stream = read(client.get("/ui/stream/runs", HTTP_LAST_EVENT_ID=cursor))
@@ -144,7 +145,7 @@ def test_the_runs_stream_sends_new_runs_and_honours_last_event_id(client_as: Cli
     summary = stream.of("summary")[0]["data"]
     assert summary["queued"] == 2 and "waiting for approval" in summary["html"]
     ids = [m["id"] for m in stream.messages if m["id"]]
-    assert ids and all(selectors.ChangeCursor.decode(i) for i in ids)
+    assert ids and all(runs.ChangeCursor.decode(i) for i in ids)
     # The cursor re-reads a little behind itself (late commits), so the older run may come too;
     # from a cursor far ahead, nothing but the counts does.
     quiet = read(client.get("/ui/stream/runs", HTTP_LAST_EVENT_ID="e100000.s100000"))
@@ -154,7 +155,7 @@ def test_the_runs_stream_sends_new_runs_and_honours_last_event_id(client_as: Cli
 
 def test_the_runs_stream_applies_the_page_filters(client_as: ClientAs) -> None:
     pattern = make_pattern(key="greet")
-    cursor = selectors.change_cursor_now().encode()
+    cursor = runs.change_cursor_now().encode()
     queued = make_run(pattern)
     paused = make_run(pattern, status=RunStatus.PAUSED)
     stream = read(client_as("viewer").get(f"/ui/stream/runs?status=queued&since={cursor}"))
@@ -170,7 +171,7 @@ def _request(persona: str = "viewer") -> Any:
 
 def test_the_runs_feed_reports_a_run_once_per_change_and_counts_on_change() -> None:
     pattern = make_pattern(key="greet")
-    feed = RunsFeed(_request(), selectors.RunFilters(), selectors.change_cursor_now())
+    feed = RunsFeed(_request(), runs.RunFilters(), runs.change_cursor_now())
     assert [m.event for m in feed.poll()] == ["summary"]
     run = make_run(pattern)
     assert [m.event for m in feed.poll()] == ["run", "summary"]
@@ -189,8 +190,8 @@ def test_the_runs_feed_catches_an_id_that_commits_after_a_higher_one() -> None:
     late = make_run(pattern)
     late_event = late.events.get()
     # Pretend the cursor had already passed the late run's event id when it became visible.
-    cursor = selectors.ChangeCursor(late_event.id, 0)
-    feed = RunsFeed(_request(), selectors.RunFilters(), cursor)
+    cursor = runs.ChangeCursor(late_event.id, 0)
+    feed = RunsFeed(_request(), runs.RunFilters(), cursor)
     feed.poll()
     # ...and that the early run's event had not been visible to that poll.
     feed.events.seen.discard(early.events.get().id)
@@ -203,7 +204,7 @@ def test_a_new_runs_stream_resends_only_recent_changes_below_its_cursor() -> Non
     pattern = make_pattern(key="greet")
     settled, recent = make_run(pattern), make_run(pattern)
     settled.events.update(created_at=timezone.now() - timedelta(minutes=5))
-    feed = RunsFeed(_request(), selectors.RunFilters(), selectors.change_cursor_now())
+    feed = RunsFeed(_request(), runs.RunFilters(), runs.change_cursor_now())
     sent = [m.data["id"] for m in feed.poll() if m.event == "run"]
     assert sent == [str(recent.id)]  # it may have committed after the page was drawn
 

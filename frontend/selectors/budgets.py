@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from loops.models import LoopRun, UsageBucket
-from loops.services import budgets
+from loops.services import budget_rules, budgets
 
 #: From this share of a limit on, a figure is marked as near its limit.
 NEAR = Decimal("0.8")
@@ -28,7 +28,7 @@ LABELS = {
     "cost": "Cost",
 }
 #: The figures a monitor row shows against the run's own limits.
-ROW_METRICS = budgets.METERED
+ROW_METRICS = budget_rules.METERED
 
 
 def figure_text(metric: str, value: Decimal | float | int) -> str:
@@ -100,7 +100,7 @@ class Section:
 
 
 def _decimal(value: Any) -> Decimal:
-    return budgets.amount(value or 0)
+    return budget_rules.amount(value or 0)
 
 
 def run_budget_sections(run: LoopRun) -> list[Section]:
@@ -108,12 +108,12 @@ def run_budget_sections(run: LoopRun) -> list[Section]:
     figures: ``run_budget_usage``). Empty when neither has any limit."""
     usage = budgets.run_budget_usage(run)
     out = []
-    titles = {budgets.PER_RUN: "This run", budgets.DAILY: "Pattern today (UTC)"}
-    for kind in (budgets.PER_RUN, budgets.DAILY):
+    titles = {budget_rules.PER_RUN: "This run", budget_rules.DAILY: "Pattern today (UTC)"}
+    for kind in (budget_rules.PER_RUN, budget_rules.DAILY):
         section = usage.get(kind) or {}
         figures = [
             Figure(metric, _decimal(entry["used"]), _decimal(entry["limit"]))
-            for metric in budgets.METRICS
+            for metric in budget_rules.METRICS
             if (entry := section.get(metric)) and entry.get("limit") is not None
         ]
         if figures:
@@ -128,7 +128,7 @@ def _per_run_limits(run: LoopRun) -> dict[str, Decimal]:
     if not per_run:
         return {}
     snapshot = {"budgets": {"perRun": per_run}}
-    return budgets.limits_from_row(run.id, run.pattern_id, snapshot, None).per_run
+    return budget_rules.limits_from_row(run.id, run.pattern_id, snapshot, None).per_run
 
 
 def attach_row_budgets(runs: Iterable[LoopRun]) -> None:
@@ -140,7 +140,7 @@ def attach_row_budgets(runs: Iterable[LoopRun]) -> None:
         run_id: {m: v for m, v in found.items() if m in ROW_METRICS}
         for run_id, found in limits.items()
     }
-    scopes = {budgets.run_scope(run_id): run_id for run_id, found in bounded.items() if found}
+    scopes = {budget_rules.run_scope(run_id): run_id for run_id, found in bounded.items() if found}
     used: dict[tuple[str, str], Decimal] = {}
     if scopes:
         rows = UsageBucket.objects.filter(
@@ -148,7 +148,7 @@ def attach_row_budgets(runs: Iterable[LoopRun]) -> None:
         ).values_list("scope", "metric", "value")
         used = {(scope, metric): _decimal(value) for scope, metric, value in rows}
     for run in listed:
-        scope = budgets.run_scope(run.id)
+        scope = budget_rules.run_scope(run.id)
         run.budget = {  # type: ignore[attr-defined]
             metric: Figure(metric, used.get((scope, metric), Decimal(0)), limit)
             for metric, limit in bounded[run.id].items()

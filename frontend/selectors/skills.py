@@ -1,4 +1,4 @@
-"""Read-only queries of the Skills pages (kept apart from ``frontend.selectors``)."""
+"""Read-only queries of the Skills pages."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from django.db.models import (
 )
 from django.http import Http404
 
-from orchestrator.agents.models import Employee
 from skillhub.models import Skill, SkillExecution, SkillOutputFile
 
 HISTORY_PAGE_SIZE = 25
@@ -80,7 +79,3 @@ def output_file_of(execution: SkillExecution, name: str) -> SkillOutputFile:
     if found is None:
         raise Http404(f"Execution {execution.id} has no output file {name!r}.")
     return found
-
-
-def employee_usernames() -> list[str]:
-    return list(Employee.objects.order_by("username").values_list("username", flat=True))

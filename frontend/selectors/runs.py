@@ -1,4 +1,4 @@
-"""Read-only queries behind the UI's pages and live streams. Nothing here writes."""
+"""Read-only queries of the monitor and a run's page, and of their live streams."""
 
 from __future__ import annotations
 
@@ -22,22 +22,17 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
-from frontend.budgets_view import attach_row_budgets
-from harness.models import HarnessProfile, HarnessProfileVersion
-from harness.selectors import profile_get_or_none, profile_list
+from frontend.selectors.budgets import attach_row_budgets
 from loops.models import (
     ActionApproval,
     ApprovalStatus,
     LoopArtifact,
     LoopEvent,
-    LoopPattern,
     LoopRun,
     LoopStep,
     RunStatus,
     TriggerType,
 )
-from orchestrator.agents.models import Employee, ModelEndpoint
-from runtime.secrets import api_key_configured, current_secret_rule
 
 #: Heavy JSON columns a runs table never shows.
 _LIST_DEFER = ("harness_snapshots", "policy_snapshot", "cursor", "result", "inputs", "goal")
@@ -50,9 +45,6 @@ IN_FLIGHT = (
     RunStatus.WAITING_APPROVAL,
     RunStatus.VERIFYING,
 )
-
-
-# --- Runs -------------------------------------------------------------------------------------
 
 
 def parse_run_id(value: str) -> uuid.UUID:
@@ -126,7 +118,7 @@ def _step_sum(column: str, output: IntegerField | DecimalField) -> Subquery:
     return Subquery(totals, output_field=output)
 
 
-def _runs_for_table() -> QuerySet[LoopRun]:
+def runs_for_table() -> QuerySet[LoopRun]:
     """Runs with their pattern and usage totals (per-run subqueries, no GROUP BY on runs)."""
     return (
         LoopRun.objects.select_related("pattern")
@@ -153,27 +145,27 @@ def _pending_approvals() -> Coalesce:
     return Coalesce(Subquery(pending, output_field=IntegerField()), 0)
 
 
-def _with_budgets(runs: list[LoopRun]) -> list[LoopRun]:
+def with_budgets(runs: list[LoopRun]) -> list[LoopRun]:
     """The runs with ``run.budget`` set (their per-run tokens and cost limits and usage, one
-    query for all of them; see frontend/budgets_view.py)."""
+    query for all of them; see :mod:`frontend.selectors.budgets`)."""
     attach_row_budgets(runs)
     return runs
 
 
 def runs_for_monitor(filters: RunFilters, limit: int) -> list[LoopRun]:
     """Newest runs first, ``limit`` of them, older than ``filters.before`` when set."""
-    runs = filters.apply(_runs_for_table()).order_by("-created_at", "-id")
+    runs = filters.apply(runs_for_table()).order_by("-created_at", "-id")
     if filters.before is not None:
         anchor = LoopRun.objects.filter(pk=filters.before).values("created_at").first()
         if anchor is not None:
             runs = runs.filter(created_at__lte=anchor["created_at"]).exclude(pk=filters.before)
             runs = runs.exclude(created_at=anchor["created_at"], id__gt=filters.before)
-    return _with_budgets(list(runs[:limit]))
+    return with_budgets(list(runs[:limit]))
 
 
 def runs_by_ids(run_ids: Iterable[uuid.UUID]) -> list[LoopRun]:
-    runs = _runs_for_table().filter(pk__in=list(run_ids)).order_by("created_at", "id")
-    return _with_budgets(list(runs))
+    runs = runs_for_table().filter(pk__in=list(run_ids)).order_by("created_at", "id")
+    return with_budgets(list(runs))
 
 
 @dataclass(frozen=True)
@@ -346,130 +338,6 @@ def group_steps(steps: Iterable[LoopStep], bindings: Mapping[str, Any]) -> list[
 
 def run_events(run_id: uuid.UUID, *, after_seq: int = 0) -> list[LoopEvent]:
     return list(LoopEvent.objects.filter(run_id=run_id, seq__gt=after_seq).order_by("seq"))
-
-
-# --- Patterns ---------------------------------------------------------------------------------
-
-
-def patterns_with_last_run() -> list[LoopPattern]:
-    """Every pattern with the status and id of its newest run (``last_run_*``)."""
-    from loops.triggers.scheduler import pattern_next_fire_at
-
-    newest = LoopRun.objects.filter(pattern=OuterRef("pk")).order_by("-created_at", "-id")
-    patterns: list[LoopPattern] = list(
-        LoopPattern.objects.select_related("cron_schedule")
-        .annotate(
-            last_run_status=Subquery(newest.values("status")[:1]),
-            last_run_id=Subquery(newest.values("id")[:1]),
-        )
-        .order_by("key")
-    )
-    for pattern in patterns:
-        pattern.next_fire_at = pattern_next_fire_at(pattern)  # type: ignore[attr-defined]
-    return patterns
-
-
-def pattern_keys() -> list[str]:
-    return list(LoopPattern.objects.order_by("key").values_list("key", flat=True))
-
-
-def pattern_detail(key: str) -> LoopPattern:
-    from loops.triggers.scheduler import pattern_next_fire_at
-
-    pattern = LoopPattern.objects.select_related("cron_schedule").filter(key=key).first()
-    if pattern is None:
-        raise Http404(f"There is no pattern {key!r}.")
-    pattern.next_fire_at = pattern_next_fire_at(pattern)  # type: ignore[attr-defined]
-    return pattern
-
-
-def pattern_recent_runs(pattern: LoopPattern, limit: int = 10) -> list[LoopRun]:
-    runs = _runs_for_table().filter(pattern=pattern).order_by("-created_at", "-id")
-    return _with_budgets(list(runs[:limit]))
-
-
-# --- Harness profiles -------------------------------------------------------------------------
-
-
-def profiles() -> list[HarnessProfile]:
-    return list(profile_list())
-
-
-def published_tags() -> list[str]:
-    return [p.tag for p in profile_list() if p.current_version_id is not None]
-
-
-def profile_detail(tag: str) -> HarnessProfile:
-    profile = profile_get_or_none(tag)
-    if profile is None:
-        raise Http404(f"There is no policy profile {tag!r}.")
-    return profile
-
-
-def profile_versions(profile: HarnessProfile) -> list[HarnessProfileVersion]:
-    return list(profile.versions.order_by("-version"))
-
-
-def profile_version(profile: HarnessProfile, version: int) -> HarnessProfileVersion:
-    found = profile.versions.filter(version=version).first()
-    if found is None:
-        raise Http404(f"Policy profile {profile.tag!r} has no version {version}.")
-    return found
-
-
-def profile_draft(profile: HarnessProfile) -> HarnessProfileVersion | None:
-    return profile.versions.filter(status="draft").first()
-
-
-# --- Employees and model endpoints ------------------------------------------------------------
-
-
-def employees() -> list[Employee]:
-    return list(Employee.objects.select_related("endpoint").order_by("username"))
-
-
-def employee_detail(username: str) -> Employee:
-    found = Employee.objects.select_related("endpoint").filter(username=username).first()
-    if found is None:
-        raise Http404(f"There is no employee {username!r}.")
-    return found
-
-
-def employee_usernames() -> list[str]:
-    return list(Employee.objects.order_by("username").values_list("username", flat=True))
-
-
-@dataclass(frozen=True)
-class EndpointView:
-    """An endpoint as the UI shows it: whether its key is set, never the key."""
-
-    endpoint: ModelEndpoint
-    key_configured: bool
-
-    @property
-    def key_refused(self) -> str | None:
-        """Why the secret rule refuses its ``api_key_env`` (a row older than the rule)."""
-        return current_secret_rule().check(self.endpoint.api_key_env)
-
-
-def endpoints() -> list[EndpointView]:
-    rows = ModelEndpoint.objects.annotate(employee_count=Count("employees")).order_by("name")
-    return [EndpointView(e, api_key_configured(e.api_key_env)) for e in rows]
-
-
-def endpoint_detail(name: str) -> EndpointView:
-    found = (
-        ModelEndpoint.objects.prefetch_related("failover_routes__target", "employees")
-        .filter(name=name)
-        .first()
-    )
-    if found is None:
-        raise Http404(f"There is no model endpoint {name!r}.")
-    return EndpointView(found, api_key_configured(found.api_key_env))
-
-
-#: Text of an artifact shown inline on the run page at most (the API serves all of it).
-ARTIFACT_PREVIEW_CHARS = 200_000
 
 
 def run_artifacts(run_id: uuid.UUID) -> list[LoopArtifact]:
