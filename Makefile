@@ -11,8 +11,9 @@ bench:  ## every benchmark, printed as a table (JSON under bench/results/); inst
 	@scripts/bootstrap.sh && UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync --frozen --inexact \
 		--extra dev --extra bench --python .venv/bin/python --quiet && .venv/bin/python -m bench
 
-lint:
-	@scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy .
+lint:  ## ruff, formatting, mypy and the import contracts (the layers of docs/architecture.md)
+	@scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy . \
+		&& .venv/bin/lint-imports --no-cache
 
 fmt:
 	@.venv/bin/ruff format . && .venv/bin/ruff check --fix .

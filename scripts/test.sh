@@ -54,6 +54,8 @@ step "ruff format --check"
 ruff format --check . || failed+=("ruff format")
 step "mypy"
 mypy . || failed+=("mypy")
+step "import contracts (docs/architecture.md)"
+lint-imports --no-cache || failed+=("import contracts")
 
 step "tests on SQLite (embedded default)"
 run_pytest "SQLite suite" env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL \
