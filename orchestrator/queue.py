@@ -22,14 +22,12 @@ logger = logging.getLogger(__name__)
 def enqueue(task_name: str, *args: Any, **options: Any) -> None:
     """Send ``task_name(*args)`` once the transaction commits; ``options`` go to ``send_task``
     (``queue``, ``retry``...)."""
-    transaction.on_commit(lambda: send(task_name, *args, **options))
+    transaction.on_commit(lambda: _send(task_name, *args, **options))
 
 
-def send(task_name: str, *args: Any, **options: Any) -> bool:
-    """Send ``task_name(*args)`` now; False (logged) when the broker refused it."""
+def _send(task_name: str, *args: Any, **options: Any) -> None:
+    """Send ``task_name(*args)`` now; a broker that refuses it is logged."""
     try:
         app.send_task(task_name, args=args, **options)
     except Exception as exc:  # broker down: the task's poller finds the work later
         logger.warning("could not enqueue %s%r (%s)", task_name, args, type(exc).__name__)
-        return False
-    return True

@@ -12,8 +12,7 @@ from rest_framework.test import APIClient
 from loops import db
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
-from orchestrator.sql import is_postgres
-from tests.support.write_paths import EXACT, FAST, SQLITE_HAS_NO_FAST_PATH
+from tests.support.write_paths import EXACT, FAST
 
 PERSONAS: dict[str, tuple[Role, ...]] = {
     "admin": (Role.ADMIN,),
@@ -65,11 +64,9 @@ def seeded_profiles(transactional_db: None) -> None:
 @pytest.fixture
 def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """The path the test's writes take (``tests.support.write_paths.both_write_paths``): the
-    fast one (PostgreSQL only; the test is transactional) or the exact one (forced)."""
+    fast one (the test is transactional, as production is) or the exact one (forced)."""
     path = getattr(request, "param", EXACT)
     if path == FAST:
-        if not is_postgres():
-            pytest.skip(SQLITE_HAS_NO_FAST_PATH)
         yield FAST
         return
     with db.exact_path_forced():

@@ -16,10 +16,18 @@ from loops.services.claims import run_claim
 from loops.services.step_records import finished_step
 from loops.services.steps import invocation_begin, step_complete, tool_step_begin, tool_step_record
 from loops.services.transitions import Lease
+from orchestrator.sql import is_postgres
 from runtime.invocation import BudgetExhausted
 from tests.support.factories import make_pattern, make_run
 from tests.support.limits import snapshot, tool_request
 from tests.support.write_paths import FAST, both_write_paths
+
+
+@pytest.fixture(autouse=True)
+def _round_trips_tell_the_path(write_path: str) -> None:
+    """Which path ran is read from round trips of batches sent together: PostgreSQL's."""
+    if write_path == FAST and not is_postgres():
+        pytest.skip("batches travel together only on PostgreSQL (SQLite runs them one by one)")
 
 
 def _claimed(policy: dict[str, Any] | None = None) -> Lease:

@@ -1,10 +1,9 @@
 """Both paths of each write: a test marked ``@both_write_paths`` runs once per path, and its
 ``write_path`` fixture (tests/conftest.py) says which.
 
-* ``fast``: a transactional test (no outer atomic block), so on PostgreSQL every batch is sent
-  together and each write tries its batched path first, as in production. SQLite has no such
-  path: its batches run statement by statement, the way the unmarked tests run them, so the
-  ``fast`` run is skipped there.
+* ``fast``: a transactional test (no outer atomic block), so each write tries its batched path
+  first, as in production: on PostgreSQL its batches are sent together, on SQLite they run
+  statement by statement.
 * ``exact``: every write held to its exact path (``loops.db.exact_path_forced``), on both
   databases.
 """
@@ -40,9 +39,3 @@ def both_write_paths(test: T) -> T:
     for mark in reversed(BOTH_WRITE_PATHS):
         test = mark(test)
     return test
-
-
-SQLITE_HAS_NO_FAST_PATH = (
-    "SQLite has only the exact path of a write: no batch is sent together there (the batched "
-    "statements run one by one, as in the unmarked tests)"
-)
