@@ -30,6 +30,8 @@ BENCHMARKS = [
     "skill_latency",
     "scheduler",
     "approvals",
+    # The OpenAI-compatible endpoint (issue 20): streamed first byte over the model's, 100 streams.
+    "gateway_stream",
     # LangGraph + PostgresSaver's own rows (optional extra ``bench``; says so when missing).
     "peer_langgraph",
 ]

@@ -529,6 +529,31 @@ class ModelServerProc:
         self.proc.stop(timeout=5)
 
 
+BENCH_PROFILE = "bench"
+"""The harness profile of every bench role: the default profile's tools with the platform's
+ceilings as limits, so a long bench run measures steps, not where a limit stops it."""
+
+
+def bench_profile() -> str:
+    """Create the ``bench`` harness profile once (Django set up); returns its tag."""
+    from harness.schema import DEFAULT_PLATFORM
+    from harness.selectors import profile_get_or_none
+    from harness.services import profile_create
+
+    if profile_get_or_none(BENCH_PROFILE) is None:
+        profile_create(
+            tag=BENCH_PROFILE,
+            description="Benchmarks: default tools, platform limits.",
+            settings={
+                "tools": {"allow": ["*"], "trustedPreHandlerTools": []},
+                "limits": dict(DEFAULT_PLATFORM["limits"]),
+                "paths": {"maxFiles": DEFAULT_PLATFORM["paths"]["maxFiles"]},
+            },
+            created_by="bench",
+        )
+    return BENCH_PROFILE
+
+
 def bench_team(
     *, model_url: str, maker_steps: int, tools: Sequence[str], prefix: str = "bench"
 ) -> str:
@@ -564,8 +589,15 @@ def bench_team(
         leader_username=f"{prefix}-leader",
         maker_usernames=[f"{prefix}-maker"],
         verifier_username=f"{prefix}-verifier",
+        **bench_harness_tags(),
     )
     return prefix
+
+
+def bench_harness_tags() -> dict[str, str]:
+    """The ``bench`` profile for every role of a bench pattern (``pattern_create`` fields)."""
+    tag = bench_profile()
+    return {"leader_harness_tag": tag, "maker_harness_tag": tag, "verifier_harness_tag": tag}
 
 
 def bench_goal_inputs(**spec: Any) -> dict[str, Any]:

@@ -52,19 +52,21 @@ def layers() -> list[Layer]:
             "trustedPreHandlerTools": names[:100:2],
         },
         "limits": {"maxTokens": 500_000, "maxCost": 10},
-        "isolation": {"networkAccess": "restricted"},
+        "paths": {"deny": ["secrets/**", "*.pem"], "maxFiles": 100},
+        "isolation": {"networkAccess": "restricted", "allowedHosts": ["pypi.org", "*.github.com"]},
     }
     return [
         layer_from_settings("platform", HarnessSettings.model_validate(DEFAULT_PLATFORM)),
         profile_layer("profile:bench@1", layer_validate(profile)),
         layer_parse(
             "pattern",
-            {"tools": {"allow": names[10:], "ask": names[100:120]}, "memory": {"maxChars": 4000}},
+            {"tools": {"allow": names[10:], "ask": names[100:120]}, "paths": {"maxFiles": 40}},
         ),
         layer_parse(
-            "employee:alice", {"tools": {"deny": names[:5]}, "delegation": {"maxCount": 2}}
+            "employee:alice",
+            {"tools": {"deny": names[:5]}, "isolation": {"allowedHosts": ["pypi.org"]}},
         ),
-        layer_parse("run", {"limits": {"maxCost": 2.5}, "observability": {"captureInputs": False}}),
+        layer_parse("run", {"limits": {"maxCost": 2.5}, "paths": {"deny": [".env"]}}),
     ]
 
 

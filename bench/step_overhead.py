@@ -179,6 +179,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         leader_username="bench-leader",
         maker_usernames=["bench-maker"],
         verifier_username="bench-verifier",
+        **common.bench_harness_tags(),
     )
     invoker = StepInvoker()
     driver = timed_driver(invoker=invoker, capacity=8, owner=f"bench-step-{uuid.uuid4().hex[:6]}")

@@ -15,12 +15,23 @@ from typing import Any
 from django import forms
 
 from loops.models import AutonomyLevel, LoopPattern, MissedFirePolicy, TriggerType
+from orchestrator.jsonlimits import JsonRefused, loads_bounded
 from runtime.tools.files import builtin_file_tools
 from runtime.types import Effect
 
 
-def _json_error(exc: json.JSONDecodeError) -> str:
-    return f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+def _json_error(exc: ValueError) -> str:
+    if isinstance(exc, JsonRefused):
+        return exc.detail
+    if isinstance(exc, json.JSONDecodeError):
+        return f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+    return f"Not valid JSON: {exc}."
+
+
+def _loads(text: str) -> Any:
+    """JSON typed into a form, held to the API's bounds (depth, NUL characters, surrogates,
+    non-finite numbers: :mod:`orchestrator.jsonlimits`); ``ValueError`` when refused."""
+    return loads_bounded(text)
 
 
 class JsonField(forms.CharField):
@@ -38,8 +49,8 @@ class JsonField(forms.CharField):
         if text in ("", None):
             return None
         try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError as exc:
+            parsed = _loads(text)
+        except ValueError as exc:
             raise forms.ValidationError(_json_error(exc), code="invalid_json") from exc
         if not isinstance(parsed, self.kind):
             name = "object ({…})" if self.kind is dict else "array ([…])"
@@ -61,8 +72,8 @@ class NameListField(forms.CharField):
         text = (super().to_python(value) or "").strip()
         if text.startswith("["):
             try:
-                parsed = json.loads(text)
-            except json.JSONDecodeError as exc:
+                parsed = _loads(text)
+            except ValueError as exc:
                 raise forms.ValidationError(_json_error(exc), code="invalid_json") from exc
             if not isinstance(parsed, list) or not all(isinstance(x, str) for x in parsed):
                 raise forms.ValidationError("Must be a JSON array of strings.")
@@ -174,6 +185,52 @@ class TriggerForm(forms.Form):
         initial="{}",
         help_text="A JSON object; the goal template reads it as inputs.",
     )
+    harness_overrides = JsonField(
+        kind=dict,
+        required=False,
+        label="Harness overrides",
+        widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "mono"}),
+        help_text=(
+            'Optional: this run\'s own harness layer, e.g. {"limits": {"maxInvocations": 3}}. '
+            "It can only tighten; a value looser than the profile's, the pattern's or the "
+            "employee's is not applied, and the run page says so."
+        ),
+    )
+
+
+# --- Employees --------------------------------------------------------------------------------
+
+
+class EmployeeHarnessForm(forms.Form):
+    """An AI employee's own harness layers; the employee services judge them."""
+
+    harness_tag = forms.CharField(
+        max_length=120,
+        required=False,
+        label="Harness profile",
+        widget=_TAG_INPUT,
+        help_text="A published profile (tag or tag@N) stacked on the employee's runs; blank: none.",
+    )
+    harness = JsonField(
+        kind=dict,
+        required=False,
+        label="Inline harness settings",
+        widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
+        help_text=(
+            "Layer settings as in a profile, e.g. "
+            '{"limits": {"recursionLimit": 5}, "tools": {"deny": ["write"]}}; blank: none.'
+        ),
+    )
+
+    @classmethod
+    def initial_of(cls, employee: Any) -> dict[str, Any]:
+        return {"harness_tag": employee.harness_tag, "harness": employee.harness or None}
+
+    def service_fields(self) -> dict[str, Any]:
+        return {
+            "harness_tag": self.cleaned_data.get("harness_tag") or "",
+            "harness": self.cleaned_data.get("harness") or {},
+        }
 
 
 class ActionForm(forms.Form):
@@ -187,7 +244,10 @@ class DraftForm(forms.Form):
     settings = JsonField(
         kind=dict,
         widget=forms.Textarea(attrs={"rows": 22, "spellcheck": "false", "class": "mono"}),
-        help_text="Sections: tools, memory, delegation, limits, isolation, observability.",
+        help_text=(
+            "Sections: tools, limits, paths, isolation, delegation "
+            "(memory, observability: off only)."
+        ),
     )
     note = forms.CharField(max_length=500, required=False, widget=forms.TextInput(_TEXT))
 
@@ -270,8 +330,8 @@ class DecideForm(forms.Form):
         if cleaned.get("decision") != "approve" or not cleaned.get("input"):
             return cleaned
         try:
-            parsed = json.loads(cleaned["input"])
-        except json.JSONDecodeError as exc:
+            parsed = _loads(cleaned["input"])
+        except ValueError as exc:
             self.add_error("input", _json_error(exc))
             return cleaned
         if not isinstance(parsed, dict):

@@ -17,7 +17,10 @@ it re-reads the database from that point.
 - ``/ui/stream/runs/<id>`` (a run's page): ``event`` per LoopEvent (event id = its ``seq``,
   which is written under the run's row lock, so seq order is commit order), ``step`` for a new or
   changed step (steps still open are re-read until they finish), ``run`` for the header, then
-  ``done`` once the run is terminal and quiet.
+  ``done`` once the run is terminal and quiet. While a model step streams, ``live`` carries the
+  text it has released so far (``loops.live_text``: an entry in Redis or under ``VAR_DIR``,
+  written by the worker at most every 250 ms, never a database row), and ``live`` with empty
+  ``html`` once the entry is gone (the step itself follows as ``step``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from frontend.access import ui_view
 from frontend.selectors import approvals, runs
 from frontend.views.approvals import queue_context
 from frontend.views.runs import run_header_context
-from loops import state
+from loops import live_text, state
 from loops.models import LoopEvent, LoopRun, LoopStep
 from orchestrator import sse
 from orchestrator.sse import Message
@@ -169,16 +172,21 @@ class RunFeed:
         self.step_seq = after_step
         self.open_steps = set(open_steps)
         self.step_states: dict[int, tuple[str, Any]] = {}
+        #: invocation → (role, chars) of the live text last sent.
+        self.live: dict[str, tuple[str, int]] = {}
         self.header_key: tuple[Any, ...] | None = None
         self.finished = False
+        self._bindings: dict[str, Any] | None = None
 
     def poll(self) -> list[Message]:
         current = runs.run_state(self.run_id)
         if current is None:
             self.finished = True
             return [Message("done", {"status": "deleted"})]
+        self._bindings = None
         out = self._events() + self._steps()
         quiet = not out
+        out += self._live()
         header = self._header(current)
         if header is not None:
             out.append(header)
@@ -196,8 +204,13 @@ class RunFeed:
             self.event_seq = event.seq
         return out
 
+    def bindings(self) -> dict[str, Any]:
+        """The run's role bindings, read at most once per poll and only when needed."""
+        if self._bindings is None:
+            self._bindings = runs.run_detail(self.run_id).role_bindings or {}
+        return self._bindings
+
     def _steps(self) -> list[Message]:
-        bindings: dict[str, Any] | None = None
         out = []
         for step in runs.run_steps(
             self.run_id, after_seq=self.step_seq, seqs=sorted(self.open_steps)
@@ -211,9 +224,34 @@ class RunFeed:
             if self.step_states.get(step.seq) == key:
                 continue
             self.step_states[step.seq] = key
-            if bindings is None:
-                bindings = runs.run_detail(self.run_id).role_bindings or {}
-            out.append(self._step_message(step, bindings))
+            out.append(self._step_message(step, self.bindings()))
+        return out
+
+    def _live(self) -> list[Message]:
+        """The live text of each model step in flight that changed, and ends of live text."""
+        out = []
+        entries = {entry.invocation: entry for entry in live_text.read(self.run_id)}
+        for invocation, (role, _) in list(self.live.items()):
+            if invocation not in entries:
+                del self.live[invocation]
+                group = runs.invocation_group(invocation, role, self.bindings())
+                gone = {"invocation": invocation, "group": group.anchor, "html": ""}
+                out.append(Message("live", gone))
+        for invocation, entry in entries.items():
+            if self.live.get(invocation) == (entry.role, entry.chars):
+                continue
+            self.live[invocation] = (entry.role, entry.chars)
+            group = runs.invocation_group(invocation, entry.role, self.bindings())
+            context = {"live": entry, "group": group}
+            data: dict[str, Any] = {
+                "invocation": invocation,
+                "group": group.anchor,
+                "text": entry.text,
+                "chars": entry.chars,
+                "html": render_to_string("frontend/runs/_live.html", context),
+                "group_html": render_to_string("frontend/runs/_group.html", {"group": group}),
+            }
+            out.append(Message("live", data))
         return out
 
     def _step_message(self, step: LoopStep, bindings: dict[str, Any]) -> Message:

@@ -56,6 +56,17 @@ urlpatterns = [
     # Employees and model endpoints
     path("employees", agents.employee_list, name="employees"),
     path("employees/<slug:username>", agents.employee_detail, name="employee"),
+    path(
+        "employees/<slug:username>/harness",
+        agents.employee_harness_view,
+        name="employee-harness",
+    ),
+    path("employees/<slug:username>/grants", agents.employee_grant_add, name="employee-grant-add"),
+    path(
+        "employees/<slug:username>/grants/<str:grantee>/remove",
+        agents.employee_grant_remove,
+        name="employee-grant-remove",
+    ),
     path("endpoints/<slug:name>", agents.endpoint_detail, name="endpoint"),
     # Skills
     path("skills", skills.skill_list, name="skills"),

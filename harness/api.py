@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -41,8 +46,22 @@ from harness.services import (
 )
 from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsViewer, ReadOrAdmin
+from orchestrator.errors import InvalidInput
 from runtime.types import Effect, ToolSpec
 
+#: ``validate`` takes any settings object: reporting what is wrong with it is its answer.
+_VALIDATE_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "settings": {
+            "type": "object",
+            "additionalProperties": True,
+            "description": "Layer settings to check; every problem is reported in `errors`.",
+        }
+    },
+    "required": ["settings"],
+    "additionalProperties": False,
+}
 _BAD = OpenApiResponse(description="Invalid input (problem+json, every problem in `errors`).")
 _MISSING = OpenApiResponse(description="No such profile (problem+json).")
 _CONFLICT = OpenApiResponse(description="Draft/publish conflict (problem+json).")
@@ -64,6 +83,26 @@ def _tool_spec(data: dict[str, Any]) -> ToolSpec:
     )
 
 
+#: ``tag`` in a path: the collection's own actions are routed before profiles, so a profile
+#: cannot be addressed by their names.
+_TAG = OpenApiParameter(
+    "tag",
+    {
+        "type": "string",
+        "pattern": r"^[-a-zA-Z0-9_]+$",
+        "not": {"enum": ["compile", "create-profile", "validate"]},
+    },
+    OpenApiParameter.PATH,
+    description="The profile's tag.",
+)
+
+
+@extend_schema_view(
+    retrieve=extend_schema(parameters=[_TAG]),
+    update=extend_schema(parameters=[_TAG]),
+    partial_update=extend_schema(parameters=[_TAG]),
+    destroy=extend_schema(parameters=[_TAG]),
+)
 class HarnessProfileViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[HarnessProfile]
 ):
@@ -176,13 +215,19 @@ class HarnessProfileViewSet(
         return Response(VersionSerializer(version).data)
 
     @extend_schema(
-        request=ValidateSerializer,
+        request={"application/json": _VALIDATE_REQUEST},
         responses={200: ValidateResultSerializer, 400: _BAD},
-        description="Check settings against the schema and report every problem (200 either way).",
+        description="Check settings against the schema and report every problem (200 either way; "
+        "400 only when `settings` is not an object).",
     )
     @action(detail=False, methods=["post"])
     def validate(self, request: Request) -> Response:
         body = _body(ValidateSerializer, request)
+        if not isinstance(body["settings"], dict):
+            raise InvalidInput(
+                "settings must be a JSON object.",
+                errors=[{"pointer": "/settings", "detail": "Must be an object.", "code": "type"}],
+            )
         problems = settings_problems(body["settings"], ("settings",))
         return Response({"valid": not problems, "errors": problems})
 
@@ -200,6 +245,7 @@ class HarnessProfileViewSet(
             tag=body["tag"],
             pattern_layer=body.get("pattern"),
             employee_username=employee.get("username"),
+            employee_profile=employee.get("harness_tag") or None,
             employee_layer=employee.get("harness"),
             run_overrides=body.get("overrides"),
             tools=[_tool_spec(tool) for tool in body["tools"]],

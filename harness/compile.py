@@ -4,9 +4,10 @@ Layers are stacked ``platform → profile:<tag>@<version> → pattern → employ
 and every field is merged with the *meet* of its strictness order, so the result is the same for
 any order of the layers and adding a layer can only tighten it:
 
-- allow lists, trusted tools, allowed employees and connectors, memory scopes: intersection
-  (``"*"`` is every name, the identity of intersection);
-- ask and deny: union;
+- allow lists, trusted tools, allowed employees, connectors and hosts, memory scopes:
+  intersection (``"*"`` is every name, the identity of intersection; a host pattern
+  ``*.example.com`` holds every name under it);
+- ask and deny, denied paths: union;
 - per-tool effects: the most severe effect per tool (read < write < external);
 - numbers: minimum;
 - capability booleans (memory.enabled, observability.captureInputs/captureOutputs): AND;
@@ -24,7 +25,7 @@ none did).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -55,6 +56,32 @@ def meet_names(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
     if WILDCARD in b:
         return a
     return a & b
+
+
+def host_covers(pattern: str, host: str) -> bool:
+    """Does ``pattern`` (``"*"``, ``example.com``, ``*.example.com``) match every name ``host``
+    (itself a name or a ``*.`` pattern) matches? ``*.example.com`` does not cover
+    ``example.com``. Names compare case-insensitively."""
+    pattern, host = pattern.lower(), host.lower()
+    if pattern in (WILDCARD, host):
+        return True
+    return pattern.startswith("*.") and host.endswith(pattern[1:])
+
+
+def meet_hosts(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """The hosts both lists allow: every entry of either that the other covers.
+
+    ``["*.example.com"]`` meet ``["api.example.com"]`` is ``["api.example.com"]``; the result
+    is the same for any order and grouping (coverage is transitive and two patterns covering
+    one name are nested)."""
+    if WILDCARD in a:
+        return b
+    if WILDCARD in b:
+        return a
+    return frozenset(
+        {h for h in a if any(host_covers(p, h) for p in b)}
+        | {h for h in b if any(host_covers(p, h) for p in a)}
+    )
 
 
 def join_names(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
@@ -93,11 +120,15 @@ def _or(a: bool, b: bool) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """How one field merges: ``merge`` is the meet of its strictness order, ``top`` its loosest."""
+    """How one field merges: ``merge`` is the meet of its strictness order, ``top`` its loosest.
+
+    ``adds`` is True for a rule where a layer's statement only adds (a deny list, raised
+    effects): the result then always holds what the layer said, so nothing it asked is lost."""
 
     kind: str
     merge: Callable[[Any, Any], Any]
     top: Any
+    adds: bool = False
 
 
 def _intersect(top: frozenset[str] = ALL) -> Rule:
@@ -108,7 +139,7 @@ def _minimum(path: str) -> Rule:
     return Rule("minimum", min, NUMBER_MAXIMA[path])
 
 
-_UNION = Rule("union", join_names, NONE)
+_UNION = Rule("union", join_names, NONE, adds=True)
 _AND = Rule("and (a capability)", _and, True)
 _OR = Rule("or (a requirement)", _or, False)
 
@@ -116,7 +147,7 @@ RULES: dict[str, Rule] = {
     "tools.allow": _intersect(),
     "tools.ask": _UNION,
     "tools.deny": _UNION,
-    "tools.effects": Rule("most severe effect per tool", join_effects, {}),
+    "tools.effects": Rule("most severe effect per tool", join_effects, {}, adds=True),
     "tools.trustedPreHandlerTools": _intersect(),
     "memory.enabled": _AND,
     "memory.scopes": _intersect(frozenset(MEMORY_SCOPES)),
@@ -130,12 +161,16 @@ RULES: dict[str, Rule] = {
     "limits.maxToolCalls": _minimum("limits.maxToolCalls"),
     "limits.maxTokens": _minimum("limits.maxTokens"),
     "limits.maxCost": _minimum("limits.maxCost"),
+    "limits.modelRetryWindowMs": _minimum("limits.modelRetryWindowMs"),
+    "paths.deny": _UNION,
+    "paths.maxFiles": _minimum("paths.maxFiles"),
     "isolation.mode": Rule("strictest (worktree < none)", _stricter_of(ISOLATION_MODES), "none"),
     "isolation.requireWorktree": _OR,
     "isolation.allowedConnectors": _intersect(),
     "isolation.networkAccess": Rule(
         "strictest (deny < restricted < allow)", _stricter_of(NETWORK_ACCESS), "allow"
     ),
+    "isolation.allowedHosts": Rule("intersection of host patterns", meet_hosts, ALL),
     "observability.enabled": _OR,
     "observability.tracingRetentionDays": _minimum("observability.tracingRetentionDays"),
     "observability.captureInputs": _AND,
@@ -210,6 +245,8 @@ class CompiledHarness:
     values: Mapping[str, Any]
     provenance: Mapping[str, str]
     layers: tuple[str, ...]
+    #: The layers compiled, for :func:`not_applied` (not part of the result's value).
+    sources: tuple[Layer, ...] = field(default=(), compare=False, repr=False)
 
     def settings_dict(self) -> dict[str, Any]:
         """The complete settings as fresh JSON data (camelCase, sorted lists)."""
@@ -235,4 +272,38 @@ def harness_compile(layers: Sequence[Layer]) -> CompiledHarness:
             if merged != current or provenance[path] == DEFAULT_SOURCE:
                 values[path] = merged
                 provenance[path] = layer.name
-    return CompiledHarness(values, provenance, tuple(layer.name for layer in layers))
+    return CompiledHarness(
+        values, provenance, tuple(layer.name for layer in layers), sources=tuple(layers)
+    )
+
+
+def not_applied(compiled: CompiledHarness, layer: Layer) -> list[dict[str, Any]]:
+    """What ``layer`` asked for that the compilation did not give it, field by field.
+
+    A field is listed when the layer stated a value and the result is stricter than it (a lower
+    number, a shorter allow list, a capability off, a requirement on); a statement that only adds
+    (a deny, a raised effect) is always honoured. ``decidedBy`` names the layer whose value won.
+    """
+    notices = []
+    others: CompiledHarness | None = None
+    for path, stated in layer.values.items():
+        got = compiled.values[path]
+        if RULES[path].adds or got == stated:
+            continue
+        decided_by = compiled.provenance[path]
+        if decided_by == layer.name:
+            # The layer narrowed an intersection itself: the names it lost were withheld by
+            # the stricter layers before or after it.
+            if others is None:
+                rest = [other for other in compiled.sources if other.name != layer.name]
+                others = harness_compile(rest)
+            decided_by = others.provenance[path]
+        notices.append(
+            {
+                "field": path,
+                "asked": _json_value(stated),
+                "got": _json_value(got),
+                "decidedBy": decided_by,
+            }
+        )
+    return notices

@@ -2,7 +2,9 @@
 
 Rules, in order (the first that applies decides):
 
-1. a tool whose policy Loopwright cannot enforce is blocked at the source (deny);
+1. a tool whose policy Loopwright cannot enforce is blocked at the source (deny); so is
+   ``dispatch_sub_agent_task`` while the ``delegation`` section allows no sub-agent
+   (``maxDepth`` or ``maxCount`` 0, or no ``allowedEmployees``);
 2. listed in ``tools.deny`` → deny;
 3. listed in ``tools.ask`` → ask;
 4. not in ``tools.allow`` → ask (never silently allowed, never silently dropped);
@@ -22,8 +24,15 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from harness.compile import CompiledHarness, name_set
-from harness.schema import EFFECTS, WILDCARD, HarnessSettings
+from harness.schema import (
+    EFFECTS,
+    WILDCARD,
+    DelegationSettings,
+    HarnessSettings,
+    ToolsSettings,
+)
 from runtime.policy import Decision
+from runtime.tools.subagents import SUB_AGENT_TOOL
 from runtime.types import Effect, ToolSpec
 
 TRUST_TIERS: dict[Effect, str] = {
@@ -43,6 +52,8 @@ class ToolSets:
     deny: frozenset[str]
     effects: Mapping[str, str]
     trusted: frozenset[str]
+    #: Why the delegation section allows no sub-agent ("" when it allows some).
+    delegation_off: str = ""
 
     @classmethod
     def of(cls, settings: CompiledHarness | HarnessSettings | Mapping[str, Any]) -> ToolSets:
@@ -55,17 +66,48 @@ class ToolSets:
                 deny=values["tools.deny"],
                 effects=values["tools.effects"],
                 trusted=values["tools.trustedPreHandlerTools"],
+                delegation_off=_delegation_off(
+                    values["delegation.allowedEmployees"],
+                    values["delegation.maxDepth"],
+                    values["delegation.maxCount"],
+                ),
             )
-        if not isinstance(settings, HarnessSettings):
-            settings = HarnessSettings.model_validate(settings)
-        tools = settings.tools
+        delegation: DelegationSettings | None
+        if isinstance(settings, HarnessSettings):
+            tools, delegation = settings.tools, settings.delegation
+        else:
+            # Only the sections the plan reads: a snapshot pinned before a later schema change
+            # (another section added or narrowed) still plans exactly as it did when compiled.
+            tools = ToolsSettings.model_validate(settings["tools"])
+            stated = settings.get("delegation")
+            delegation = None if stated is None else DelegationSettings.model_validate(stated)
         return cls(
             allow=name_set(tools.allow),
             ask=name_set(tools.ask),
             deny=name_set(tools.deny),
             effects=tools.effects,
             trusted=name_set(tools.trusted_pre_handler_tools),
+            delegation_off=(
+                "the snapshot has no delegation section"
+                if delegation is None
+                else _delegation_off(
+                    name_set(delegation.allowed_employees),
+                    delegation.max_depth,
+                    delegation.max_count,
+                )
+            ),
         )
+
+
+def _delegation_off(allowed: frozenset[str], depth: int, count: int) -> str:
+    """Why no sub-agent may run under these delegation values ("" when some may)."""
+    if depth < 1:
+        return "delegation.maxDepth = 0"
+    if count < 1:
+        return "delegation.maxCount = 0"
+    if not allowed:
+        return "delegation.allowedEmployees = []"
+    return ""
 
 
 class PlannedTool(NamedTuple):
@@ -151,6 +193,8 @@ def _decide(spec: ToolSpec, effect: Effect, policy: ToolSets) -> Outcome:
     name = spec.name
     if not spec.enforceable:
         return _BLOCKED
+    if name == SUB_AGENT_TOOL and policy.delegation_off:
+        return (Decision.DENY, f"no sub-agent may run: {policy.delegation_off}")
     if _listed(name, policy.deny):
         return _DENIED
     if _listed(name, policy.ask):

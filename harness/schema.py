@@ -21,7 +21,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
@@ -55,6 +62,8 @@ NUMBER_MAXIMA: dict[str, int | float] = {
     "limits.maxToolCalls": 1_000_000,
     "limits.maxTokens": 10_000_000_000,
     "limits.maxCost": 1_000_000.0,
+    "limits.modelRetryWindowMs": 7 * 24 * 3600 * 1000,
+    "paths.maxFiles": 1_000_000,
     "observability.tracingRetentionDays": 3650,
 }
 
@@ -66,22 +75,90 @@ Names = Annotated[list[NamePattern], Field(max_length=MAX_LIST_ITEMS)]
 Usernames = Annotated[list[UserPattern], Field(max_length=MAX_LIST_ITEMS)]
 Scopes = Annotated[list[MemoryScope], Field(max_length=len(MEMORY_SCOPES) * 4)]
 Effects = Annotated[dict[ToolName, EffectName], Field(max_length=MAX_LIST_ITEMS)]
+#: A path glob of ``paths.deny`` (``runtime.tools.workspace.denied_by`` syntax): no NUL, not empty.
+PathGlob = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\x00]+$")]
+PathGlobs = Annotated[list[PathGlob], Field(max_length=MAX_LIST_ITEMS)]
+#: A host of ``isolation.allowedHosts``: ``"*"``, ``api.example.com`` or ``*.example.com``.
+HostPattern = Annotated[
+    str,
+    Field(
+        max_length=253,
+        pattern=r"^(\*|(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*)$",
+    ),
+]
+Hosts = Annotated[list[HostPattern], Field(max_length=MAX_LIST_ITEMS)]
 
 
 def _bounded(path: str) -> Any:
     return Field(ge=0, le=NUMBER_MAXIMA[path])
 
 
-MaxChars = Annotated[int, _bounded("memory.maxChars")]
+#: Sections whose feature is not built yet, and why only "off" is accepted in them. Nothing is
+#: accepted that nothing enforces: a value asking for more than "off" is refused, naming this.
+NOT_BUILT: dict[str, str] = {
+    "memory": "Loopwright has no agent memory yet",
+    "observability": "Loopwright records no execution spans yet",
+    "isolation.allowedConnectors": "Loopwright has no MCP or A2A connectors yet",
+}
+
+
+def _only_off(path: str, off: Any, shown: str) -> Any:
+    """A validator accepting only the "off" value of a field whose feature is not built."""
+    section = path.split(".", 1)[0]
+    why = NOT_BUILT.get(path) or NOT_BUILT[section]
+
+    def check(value: Any) -> Any:
+        if value != off:
+            raise PydanticCustomError(
+                "not_built",
+                "{why}, so {path} only accepts {shown}: nothing would enforce another value",
+                {"why": why, "path": path, "shown": shown},
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+def _off_schema(off: Any) -> Any:
+    """The JSON Schema side of :func:`_only_off` (the validator's rule is invisible to it)."""
+    if isinstance(off, bool):
+        return Field(json_schema_extra={"enum": [off]})
+    if isinstance(off, list):
+        return Field(json_schema_extra={"maxItems": 0})
+    return Field(json_schema_extra={"maximum": off})
+
+
+MaxChars = Annotated[
+    int, _bounded("memory.maxChars"), _only_off("memory.maxChars", 0, "0"), _off_schema(0)
+]
 MaxDepth = Annotated[int, _bounded("delegation.maxDepth")]
 MaxCount = Annotated[int, _bounded("delegation.maxCount")]
+MaxFiles = Annotated[int, _bounded("paths.maxFiles")]
 TimeoutMs = Annotated[int, _bounded("limits.timeoutMs")]
 RecursionLimit = Annotated[int, _bounded("limits.recursionLimit")]
 MaxInvocations = Annotated[int, _bounded("limits.maxInvocations")]
 MaxToolCalls = Annotated[int, _bounded("limits.maxToolCalls")]
 MaxTokens = Annotated[int, _bounded("limits.maxTokens")]
 MaxCost = Annotated[float, _bounded("limits.maxCost"), Field(allow_inf_nan=False)]
-RetentionDays = Annotated[int, _bounded("observability.tracingRetentionDays")]
+ModelRetryWindowMs = Annotated[int, _bounded("limits.modelRetryWindowMs")]
+RetentionDays = Annotated[
+    int,
+    _bounded("observability.tracingRetentionDays"),
+    _only_off("observability.tracingRetentionDays", 0, "0"),
+    _off_schema(0),
+]
+MemoryEnabled = Annotated[bool, _only_off("memory.enabled", False, "false"), _off_schema(False)]
+MemoryScopes = Annotated[Scopes, _only_off("memory.scopes", [], "[]"), _off_schema([])]
+Delegates = Usernames
+Connectors = Annotated[Names, _only_off("isolation.allowedConnectors", [], "[]"), _off_schema([])]
+Tracing = Annotated[bool, _only_off("observability.enabled", False, "false"), _off_schema(False)]
+CaptureInputs = Annotated[
+    bool, _only_off("observability.captureInputs", False, "false"), _off_schema(False)
+]
+CaptureOutputs = Annotated[
+    bool, _only_off("observability.captureOutputs", False, "false"), _off_schema(False)
+]
 
 
 def _refuse_null(value: Any) -> Any:
@@ -126,27 +203,53 @@ class ToolsLayer(_Strict):
     )
 
 
+_OFF = " Not built yet: only the off value is accepted."
+
+
 class MemoryLayer(_Strict):
-    enabled: Opt[bool] = Field(None, description="Inject the agent memory context.")
-    scopes: Opt[Scopes] = Field(None, description="Memory scopes that may be read.")
-    max_chars: Opt[MaxChars] = Field(None, description="Memory context is trimmed to this size.")
+    enabled: Opt[MemoryEnabled] = Field(None, description="Inject agent memory." + _OFF)
+    scopes: Opt[MemoryScopes] = Field(None, description="Memory scopes to read." + _OFF)
+    max_chars: Opt[MaxChars] = Field(None, description="Memory context size." + _OFF)
 
 
 class DelegationLayer(_Strict):
-    allowed_employees: Opt[Usernames] = Field(
-        None, description='Employees that may be delegated to; "*" for any.'
+    allowed_employees: Opt[Delegates] = Field(
+        None,
+        description='Employees a sub-agent task may be dispatched to (among those bound); "*" '
+        "for every bound employee.",
     )
-    max_depth: Opt[MaxDepth] = Field(None, description="Nesting depth of delegation; 0 = none.")
-    max_count: Opt[MaxCount] = Field(None, description="Delegations per invocation.")
+    max_depth: Opt[MaxDepth] = Field(
+        None, description="Nesting depth of sub-agents: 0 none, 1 sub-agents that cannot nest."
+    )
+    max_count: Opt[MaxCount] = Field(
+        None, description="Sub-agent tasks one invocation may dispatch."
+    )
 
 
 class LimitsLayer(_Strict):
-    timeout_ms: Opt[TimeoutMs] = Field(None, description="Wall-clock limit of an invocation.")
+    timeout_ms: Opt[TimeoutMs] = Field(
+        None, description="Wall clock of an invocation and working time of the run, in ms."
+    )
     recursion_limit: Opt[RecursionLimit] = Field(None, description="Model steps per invocation.")
     max_invocations: Opt[MaxInvocations] = Field(None, description="Role invocations per run.")
     max_tool_calls: Opt[MaxToolCalls] = Field(None, description="Tool calls per run.")
     max_tokens: Opt[MaxTokens] = Field(None, description="Model tokens per run.")
     max_cost: Opt[MaxCost] = Field(None, description="Model cost per run, in the endpoint's unit.")
+    model_retry_window_ms: Opt[ModelRetryWindowMs] = Field(
+        None,
+        description="How long a run keeps retrying model calls that fail (every endpoint down, "
+        "timing out or refused by its open circuit) before it fails with model_unavailable, "
+        "in ms; 0: the first such failure ends the run.",
+    )
+
+
+class PathsLayer(_Strict):
+    deny: Opt[PathGlobs] = Field(
+        None,
+        description="Workdir paths no file tool or bash command may read or write "
+        "(globs: 'secrets/**', '*.pem').",
+    )
+    max_files: Opt[MaxFiles] = Field(None, description="Distinct files one invocation may write.")
 
 
 class IsolationLayer(_Strict):
@@ -154,19 +257,28 @@ class IsolationLayer(_Strict):
     require_worktree: Opt[bool] = Field(
         None, description="Refuse to run unless the run has its own worktree."
     )
-    allowed_connectors: Opt[Names] = Field(
-        None, description='External connectors (MCP servers, agents) that may be used; "*" for any.'
+    allowed_connectors: Opt[Connectors] = Field(
+        None, description="External connectors (MCP servers, agents) that may be used." + _OFF
     )
     network_access: Opt[NetworkAccess] = Field(
-        None, description="deny, restricted (configured endpoints only) or allow."
+        None,
+        description="Network of bash and sandboxed code: deny, restricted (allowedHosts only) "
+        "or allow.",
+    )
+    allowed_hosts: Opt[Hosts] = Field(
+        None,
+        description='Hosts a restricted network may reach ("*", "api.example.com", '
+        '"*.example.com").',
     )
 
 
 class ObservabilityLayer(_Strict):
-    enabled: Opt[bool] = Field(None, description="Record execution spans (a requirement).")
-    tracing_retention_days: Opt[RetentionDays] = Field(None, description="Days spans are kept.")
-    capture_inputs: Opt[bool] = Field(None, description="Store tool and model inputs in spans.")
-    capture_outputs: Opt[bool] = Field(None, description="Store tool and model outputs in spans.")
+    enabled: Opt[Tracing] = Field(None, description="Record execution spans." + _OFF)
+    tracing_retention_days: Opt[RetentionDays] = Field(
+        None, description="Days spans are kept." + _OFF
+    )
+    capture_inputs: Opt[CaptureInputs] = Field(None, description="Store inputs in spans." + _OFF)
+    capture_outputs: Opt[CaptureOutputs] = Field(None, description="Store outputs in spans." + _OFF)
 
 
 class HarnessLayer(_Strict):
@@ -178,6 +290,7 @@ class HarnessLayer(_Strict):
     memory: Opt[MemoryLayer] = None
     delegation: Opt[DelegationLayer] = None
     limits: Opt[LimitsLayer] = None
+    paths: Opt[PathsLayer] = None
     isolation: Opt[IsolationLayer] = None
     observability: Opt[ObservabilityLayer] = None
 
@@ -194,13 +307,13 @@ class ToolsSettings(_Strict):
 
 
 class MemorySettings(_Strict):
-    enabled: bool
-    scopes: Scopes
+    enabled: MemoryEnabled
+    scopes: MemoryScopes
     max_chars: MaxChars
 
 
 class DelegationSettings(_Strict):
-    allowed_employees: Usernames
+    allowed_employees: Delegates
     max_depth: MaxDepth
     max_count: MaxCount
 
@@ -212,20 +325,27 @@ class LimitsSettings(_Strict):
     max_tool_calls: MaxToolCalls
     max_tokens: MaxTokens
     max_cost: MaxCost
+    model_retry_window_ms: ModelRetryWindowMs
+
+
+class PathsSettings(_Strict):
+    deny: PathGlobs
+    max_files: MaxFiles
 
 
 class IsolationSettings(_Strict):
     mode: IsolationMode
     require_worktree: bool
-    allowed_connectors: Names
+    allowed_connectors: Connectors
     network_access: NetworkAccess
+    allowed_hosts: Hosts
 
 
 class ObservabilitySettings(_Strict):
-    enabled: bool
+    enabled: Tracing
     tracing_retention_days: RetentionDays
-    capture_inputs: bool
-    capture_outputs: bool
+    capture_inputs: CaptureInputs
+    capture_outputs: CaptureOutputs
 
 
 class HarnessSettings(_Strict):
@@ -235,6 +355,7 @@ class HarnessSettings(_Strict):
     memory: MemorySettings
     delegation: DelegationSettings
     limits: LimitsSettings
+    paths: PathsSettings
     isolation: IsolationSettings
     observability: ObservabilitySettings
 
@@ -247,8 +368,8 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
         "effects": {},
         "trustedPreHandlerTools": ["*"],
     },
-    "memory": {"enabled": True, "scopes": list(MEMORY_SCOPES), "maxChars": 50_000},
-    "delegation": {"allowedEmployees": ["*"], "maxDepth": 3, "maxCount": 50},
+    "memory": {"enabled": False, "scopes": [], "maxChars": 0},
+    "delegation": {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 10},
     "limits": {
         "timeoutMs": 4 * 3600 * 1000,
         "recursionLimit": 200,
@@ -256,22 +377,26 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
         "maxToolCalls": 5000,
         "maxTokens": 2_000_000,
         "maxCost": 100.0,
+        "modelRetryWindowMs": 30 * 60 * 1000,
     },
+    "paths": {"deny": [], "maxFiles": 10_000},
     "isolation": {
         "mode": "none",
         "requireWorktree": False,
-        "allowedConnectors": ["*"],
+        "allowedConnectors": [],
         "networkAccess": "allow",
+        "allowedHosts": ["*"],
     },
     "observability": {
-        "enabled": True,
-        "tracingRetentionDays": 365,
-        "captureInputs": True,
-        "captureOutputs": True,
+        "enabled": False,
+        "tracingRetentionDays": 0,
+        "captureInputs": False,
+        "captureOutputs": False,
     },
 }
 """Platform ceilings when ``settings.LOOPWRIGHT_HARNESS_PLATFORM`` does not override them:
-permissive about names (profiles decide those) and bounded in every number."""
+permissive about names (profiles decide those), bounded in every number, and off for every
+feature not built yet (:data:`NOT_BUILT`)."""
 
 
 # --- Problems ---------------------------------------------------------------------------------

@@ -6,15 +6,13 @@ the compile preview answers ``{profile, settings, provenance, layers, toolPlan}`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from harness.models import HarnessProfile, HarnessProfileVersion
 from harness.planner import TRUST_TIERS
 from harness.schema import HarnessLayer, HarnessSettings, openapi_schema
+from orchestrator.strict import StrictModelSerializer, StrictSerializer
 from runtime.policy import Decision
 from runtime.types import Effect
 
@@ -29,21 +27,15 @@ class HarnessSettingsField(serializers.JSONField):
     """Compiled, complete settings."""
 
 
-class StrictInput(serializers.Serializer[Any]):
-    """Refuses keys it does not know, so a typo is an error rather than silently ignored."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
-        return super().to_internal_value(data)
+class StrictInput(StrictSerializer):
+    """A request body; as every serializer of the API, it refuses keys it does not know
+    (:mod:`orchestrator.strict`)."""
 
 
 # --- Output -----------------------------------------------------------------------------------
 
 
-class VersionSerializer(serializers.ModelSerializer[HarnessProfileVersion]):
+class VersionSerializer(StrictModelSerializer[HarnessProfileVersion]):
     settings = HarnessLayerField(read_only=True)
 
     class Meta:
@@ -55,7 +47,7 @@ class VersionSerializer(serializers.ModelSerializer[HarnessProfileVersion]):
         read_only_fields = fields
 
 
-class ProfileSerializer(serializers.ModelSerializer[HarnessProfile]):
+class ProfileSerializer(StrictModelSerializer[HarnessProfile]):
     current_version = VersionSerializer(read_only=True, allow_null=True)
     draft_version = serializers.IntegerField(
         read_only=True, allow_null=True, help_text="Number of the open draft, if any."
@@ -69,25 +61,25 @@ class ProfileSerializer(serializers.ModelSerializer[HarnessProfile]):
         read_only_fields = fields
 
 
-class ProblemItemSerializer(serializers.Serializer[Any]):
+class ProblemItemSerializer(StrictSerializer):
     pointer = serializers.CharField(help_text="JSON Pointer to the offending field.")
     detail = serializers.CharField()
     code = serializers.CharField()
 
 
-class ValidateResultSerializer(serializers.Serializer[Any]):
+class ValidateResultSerializer(StrictSerializer):
     valid = serializers.BooleanField()
     # Documents the response key; the metaclass moves fields off the class, so the serializer's
     # own ``errors`` property is not shadowed at runtime.
     errors = ProblemItemSerializer(many=True)  # type: ignore[assignment]
 
 
-class ProfileRefSerializer(serializers.Serializer[Any]):
+class ProfileRefSerializer(StrictSerializer):
     tag = serializers.CharField()
     version = serializers.IntegerField()
 
 
-class PlannedToolSerializer(serializers.Serializer[Any]):
+class PlannedToolSerializer(StrictSerializer):
     name = serializers.CharField()
     decision = serializers.ChoiceField(choices=[d.value for d in Decision])
     reason = serializers.CharField()
@@ -95,7 +87,7 @@ class PlannedToolSerializer(serializers.Serializer[Any]):
     tier = serializers.ChoiceField(choices=sorted(set(TRUST_TIERS.values())))
 
 
-class CompileResultSerializer(serializers.Serializer[Any]):
+class CompileResultSerializer(StrictSerializer):
     profile = ProfileRefSerializer()
     settings = HarnessSettingsField()
     provenance = serializers.DictField(
@@ -135,6 +127,12 @@ class ValidateSerializer(StrictInput):
 
 class EmployeeLayerSerializer(StrictInput):
     username = serializers.CharField(max_length=150, required=False)
+    harness_tag = serializers.CharField(
+        max_length=120,
+        required=False,
+        help_text="The employee's own profile ('tag' or 'tag@version'), stacked before its "
+        "inline settings.",
+    )
     harness = HarnessLayerField(required=False)
 
 

@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from harness.checks import PublishedVersion, publish_checks_run
 from harness.compile import (
     CompiledHarness,
     Layer,
@@ -77,15 +78,25 @@ def platform_layer() -> Layer:
 # --- Profiles and versions --------------------------------------------------------------------
 
 
-def _validated_settings(data: Any) -> dict[str, Any]:
-    """The settings as they will be stored (validated, camelCase), or InvalidInput."""
+def layer_stored(data: Any, field: str, label: str = "harness settings") -> dict[str, Any]:
+    """Layer settings as they are stored (validated, camelCase, only what they state), or
+    InvalidInput whose pointers start at ``/<field>`` and whose title names ``label``."""
     try:
-        layer = layer_validate(data, ("settings",))
+        layer = layer_validate(data, (field,))
     except SettingsInvalid as exc:
         raise InvalidInput(
-            f"The harness settings have {len(exc.problems)} problem(s).", errors=exc.problems
+            f"The {label} have {len(exc.problems)} problem(s).", errors=exc.problems
         ) from exc
     return layer.model_dump(exclude_unset=True)
+
+
+def _validated_settings(data: Any) -> dict[str, Any]:
+    return layer_stored(data, "settings")
+
+
+#: Names of the profile collection's own actions (``/harness-profiles/<name>``): a profile so
+#: tagged could never be addressed, so the tags are refused.
+RESERVED_TAGS = frozenset({"compile", "create-profile", "validate"})
 
 
 def _check_tag(tag: str) -> None:
@@ -93,6 +104,11 @@ def _check_tag(tag: str) -> None:
         raise InvalidInput(
             "A tag is 1-100 letters, digits, '-' or '_'.",
             errors=[{"pointer": "/tag", "detail": "Invalid tag.", "code": "invalid"}],
+        )
+    if tag in RESERVED_TAGS:
+        raise InvalidInput(
+            f"The tag {tag!r} is reserved (an action of /api/v1/harness-profiles); choose another.",
+            errors=[{"pointer": "/tag", "detail": "Reserved tag.", "code": "reserved"}],
         )
 
 
@@ -227,6 +243,7 @@ def profile_publish(
             raise Conflict(f"Draft {draft.version} of {tag!r} was published concurrently.")
         profile.current_version = draft
         profile.save(update_fields=["current_version", "updated_at"])
+        publish_checks_run(PublishedVersion(tag=tag, version=draft.version))  # refusal rolls back
         draft.refresh_from_db()
         return draft
 
@@ -306,13 +323,17 @@ def harness_compile_for(
     tag: str,
     pattern_layer: Mapping[str, Any] | None = None,
     employee_username: str | None = None,
+    employee_profile: str | None = None,
     employee_layer: Mapping[str, Any] | None = None,
     run_overrides: Mapping[str, Any] | None = None,
 ) -> HarnessCompilation:
     """Stack platform → profile → pattern → employee → run and compile. Absent layers are left out.
 
-    Invalid layers raise InvalidInput whose pointers follow the compile API's body
-    (``/pattern/...``, ``/employee/harness/...``, ``/overrides/...``).
+    The employee contributes up to two layers: the published profile ``employee_profile`` names
+    (``employee:<username>:profile:<tag>@<N>``, read as a profile: omitting trusted tools trusts
+    none) and then its inline settings (``employee:<username>``). Invalid layers raise
+    InvalidInput whose pointers follow the compile API's body (``/pattern/...``,
+    ``/employee/harness/...``, ``/overrides/...``).
     """
     version = profile_version_resolve(tag)
     profile_tag = version.profile.tag
@@ -320,9 +341,18 @@ def harness_compile_for(
     layers = [platform_layer(), _layer(profile_name, version.settings, ("profile",), profile=True)]
     if pattern_layer is not None:
         layers.append(_layer("pattern", pattern_layer, ("pattern",)))
+    employee_name = f"employee:{employee_username}" if employee_username else "employee"
+    if employee_profile:
+        try:
+            own = profile_version_resolve(employee_profile)
+        except ProfileNotFound as exc:
+            problem = {"pointer": "/employee/harness_tag", "detail": exc.detail, "code": "invalid"}
+            detail = f"The harness profile of {employee_name}: {exc.detail}"
+            raise ProfileNotFound(detail, errors=[problem]) from exc
+        own_name = f"{employee_name}:profile:{own.profile.tag}@{own.version}"
+        layers.append(_layer(own_name, own.settings, ("employee", "harness_tag"), profile=True))
     if employee_layer is not None:
-        name = f"employee:{employee_username}" if employee_username else "employee"
-        layers.append(_layer(name, employee_layer, ("employee", "harness")))
+        layers.append(_layer(employee_name, employee_layer, ("employee", "harness")))
     if run_overrides is not None:
         layers.append(_layer("run", run_overrides, ("overrides",)))
     return HarnessCompilation(profile_tag, version.version, harness_compile(layers))
@@ -333,6 +363,7 @@ def harness_snapshot(
     tag: str,
     pattern_layer: dict[str, Any] | None = None,
     employee_username: str | None = None,
+    employee_profile: str | None = None,
     employee_layer: dict[str, Any] | None = None,
     run_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -346,6 +377,7 @@ def harness_snapshot(
         tag=tag,
         pattern_layer=pattern_layer,
         employee_username=employee_username,
+        employee_profile=employee_profile,
         employee_layer=employee_layer,
         run_overrides=run_overrides,
     ).snapshot()
@@ -356,6 +388,7 @@ def harness_preview(
     tag: str,
     pattern_layer: Mapping[str, Any] | None = None,
     employee_username: str | None = None,
+    employee_profile: str | None = None,
     employee_layer: Mapping[str, Any] | None = None,
     run_overrides: Mapping[str, Any] | None = None,
     tools: Sequence[ToolSpec] = (),
@@ -365,6 +398,7 @@ def harness_preview(
         tag=tag,
         pattern_layer=pattern_layer,
         employee_username=employee_username,
+        employee_profile=employee_profile,
         employee_layer=employee_layer,
         run_overrides=run_overrides,
     )

@@ -16,24 +16,32 @@ from rest_framework.response import Response
 
 from loops import state
 from loops.models import LoopPattern, LoopRun, RunStatus
+from loops.policy import parse_policy
 from loops.serializers import (
     ActionSerializer,
     ArtifactSerializer,
     BudgetRaiseSerializer,
     EventSerializer,
+    HarnessPreviewResultSerializer,
+    HarnessPreviewSerializer,
     PatternSerializer,
     PatternUpdateSerializer,
     RunDetailSerializer,
     RunSerializer,
     StepSerializer,
+    TriggeredRunSerializer,
     TriggerSerializer,
 )
 from loops.services.budgets import run_budget_raise
 from loops.services.patterns import pattern_create, pattern_update
-from loops.services.runs import run_act, run_retry, run_trigger
+from loops.services.runs import role_harness_compile, run_act, run_retry, run_trigger
 from orchestrator.accounts.actors import request_actor
-from orchestrator.accounts.permissions import IsOperator, ReadOrOperator
+from orchestrator.accounts.permissions import IsOperator, IsViewer, ReadOrOperator
 from orchestrator.errors import Conflict
+from orchestrator.pagination import bounded_int
+
+#: The largest event seq a query may name (a 64-bit integer column).
+MAX_SEQ = 2**63 - 1
 
 
 class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
@@ -67,7 +75,17 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
             )
         instance.delete()
 
-    @extend_schema(request=TriggerSerializer, responses={201: RunSerializer})
+    @extend_schema(
+        request=TriggerSerializer,
+        responses={201: TriggeredRunSerializer},
+        description=(
+            "Start a run now. `harness_overrides` is the run's own harness layer; what it asks "
+            "for beyond an earlier layer is not applied and listed in `harness_notices` (and in "
+            "the `run.created` event as `overrides_not_applied`). 400 (problem+json, pointers "
+            "`/harness_overrides/...`) for invalid overrides; 409 for a disabled pattern, a "
+            "spent daily budget or an open breaker."
+        ),
+    )
     @action(detail=True, methods=["post"], permission_classes=[IsOperator])
     def trigger(self, request: Request, key: str | None = None) -> Response:
         """Start a run of this pattern now, with optional ``inputs`` for the goal template."""
@@ -75,9 +93,36 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
         body = TriggerSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         run = run_trigger(
-            pattern=pattern, actor=request_actor(request), inputs=body.validated_data["inputs"]
+            pattern=pattern,
+            actor=request_actor(request),
+            inputs=body.validated_data["inputs"],
+            harness_overrides=body.validated_data.get("harness_overrides"),
         )
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+        return Response(TriggeredRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=HarnessPreviewSerializer,
+        responses={200: HarnessPreviewResultSerializer},
+        description=(
+            "The harness snapshots a run triggered now with these overrides would pin, per role, "
+            "computed by the same function as a trigger (equal byte for byte), and the "
+            "overrides' notices. Changes nothing: open to every role."
+        ),
+    )
+    @action(
+        detail=True, methods=["post"], url_path="harness-preview", permission_classes=[IsViewer]
+    )
+    def harness_preview(self, request: Request, key: str | None = None) -> Response:
+        """Preview the per-role harness snapshots of a run triggered now."""
+        pattern = self.get_object()
+        body = HarnessPreviewSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        harness = role_harness_compile(
+            pattern, parse_policy(pattern.policy), body.validated_data.get("harness_overrides")
+        )
+        return Response(
+            {"harness_snapshots": harness.snapshots, "harness_notices": harness.notices}
+        )
 
 
 class RunFilter(django_filters.FilterSet):
@@ -140,24 +185,26 @@ class RunViewSet(
         return super().get_object()
 
     @extend_schema(
-        parameters=[OpenApiParameter("after_seq", int, description="Only events after this seq.")],
+        parameters=[
+            OpenApiParameter(
+                "after_seq",
+                {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
+                description="Only events after this seq.",
+            )
+        ],
         responses={200: EventSerializer(many=True)},
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request: Request, pk: str | None = None) -> Response:
         """The run's event history in order (``after_seq`` to page or to follow live)."""
         run = self.get_object()
-        events: QuerySet[Any] = run.events.order_by("seq")
-        after = request.query_params.get("after_seq")
-        if after is not None:
-            if not after.isdigit():
-                raise ValidationError({"after_seq": ["Must be a non-negative integer."]})
-            events = events.filter(seq__gt=int(after))
+        after = bounded_int(request.query_params, "after_seq", default=0, low=0, high=MAX_SEQ)
+        events: QuerySet[Any] = run.events.filter(seq__gt=after).order_by("seq")
         page = self.paginate_queryset(events)
         return self.get_paginated_response(EventSerializer(page, many=True).data)
 
     @extend_schema(responses={200: StepSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def steps(self, request: Request, pk: str | None = None) -> Response:
         """The run's persisted model and tool steps in order."""
         run = self.get_object()
@@ -166,19 +213,20 @@ class RunViewSet(
         return self.get_paginated_response(StepSerializer(page, many=True).data)
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def artifacts(self, request: Request, pk: str | None = None) -> Response:
         """The run's artifacts (the makers' diff, reports) in creation order."""
         run = self.get_object()
         return Response(ArtifactSerializer(run.artifacts.order_by("created_at"), many=True).data)
 
-    @extend_schema(request=None, responses={201: RunSerializer})
+    @extend_schema(request=None, responses={201: TriggeredRunSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsOperator])
     def retry(self, request: Request, pk: str | None = None) -> Response:
-        """Start a new run with the same inputs (only for failed or canceled runs)."""
+        """Start a new run with the same inputs and harness overrides (only for failed or
+        canceled runs)."""
         run = self.get_object()
         new_run = run_retry(run_id=run.id, actor=request_actor(request))
-        return Response(RunSerializer(new_run).data, status=status.HTTP_201_CREATED)
+        return Response(TriggeredRunSerializer(new_run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         request=BudgetRaiseSerializer,

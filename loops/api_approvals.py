@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from loops.models import ActionApproval, ApprovalStatus
 from loops.serializers import ApprovalSerializer, DecideSerializer
-from loops.services.approvals import approval_decide
+from loops.services.approvals import approval_check_decider, approval_decide
 from orchestrator.accounts.permissions import IsViewer
 
 
@@ -58,6 +58,7 @@ class ApprovalViewSet(
     @action(detail=True, methods=["post"])
     def decide(self, request: Request, pk: str | None = None) -> Response:
         approval = self.get_object()
+        approval_check_decider(approval_id=approval.id, user=request.user)
         body = DecideSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         decided = approval_decide(

@@ -32,7 +32,9 @@ from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.authentication import BearerTokenAuthentication
 from orchestrator.accounts.permissions import IsAdmin, IsViewer
 from orchestrator.accounts.roles import Role, has_role
-from orchestrator.errors import InvalidInput, NotFound
+from orchestrator.errors import InvalidInput, NotFound, refused_json
+from orchestrator.jsonlimits import JsonRefused, loads_bounded
+from orchestrator.strict import StrictModelSerializer, StrictSerializer
 
 TIMESTAMP_HEADER = "X-Loopwright-Timestamp"
 SIGNATURE_HEADER = "X-Loopwright-Signature"
@@ -43,7 +45,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 # --- cron schedule -------------------------------------------------------------------------------
 
 
-class CronFireSerializer(serializers.Serializer[Any]):
+class CronFireSerializer(StrictSerializer):
     scheduled_for = serializers.DateTimeField()
     fired_at = serializers.DateTimeField()
     outcome = serializers.ChoiceField(choices=["started", "refused"])
@@ -52,7 +54,7 @@ class CronFireSerializer(serializers.Serializer[Any]):
     missed = serializers.IntegerField(help_text="Due times folded into this fire or dropped.")
 
 
-class PatternScheduleSerializer(serializers.Serializer[Any]):
+class PatternScheduleSerializer(StrictSerializer):
     pattern = serializers.CharField()
     trigger_type = serializers.CharField()
     cron_expression = serializers.CharField()
@@ -83,7 +85,7 @@ class PatternScheduleView(APIView):
 # --- event keys ----------------------------------------------------------------------------------
 
 
-class EventKeySerializer(serializers.ModelSerializer[EventKey]):
+class EventKeySerializer(StrictModelSerializer[EventKey]):
     tolerance_seconds = serializers.IntegerField(min_value=1, max_value=86_400, required=False)
 
     class Meta:
@@ -153,19 +155,19 @@ class EventKeyViewSet(viewsets.ModelViewSet[EventKey]):
 # --- event intake --------------------------------------------------------------------------------
 
 
-class EventDeliveryRunSerializer(serializers.Serializer[Any]):
+class EventDeliveryRunSerializer(StrictSerializer):
     id = serializers.UUIDField()
     pattern = serializers.CharField()
     status = serializers.CharField()
 
 
-class EventRefusalSerializer(serializers.Serializer[Any]):
+class EventRefusalSerializer(StrictSerializer):
     pattern = serializers.CharField()
     reason = serializers.CharField()
     code = serializers.ChoiceField(choices=["refused", "template_error"])
 
 
-class EventDeliverySerializer(serializers.Serializer[Any]):
+class EventDeliverySerializer(StrictSerializer):
     delivery_id = serializers.UUIDField()
     event_key = serializers.CharField()
     received_at = serializers.DateTimeField()
@@ -187,7 +189,9 @@ def _idempotency_key(request: Request) -> str | None:
 
 def _payload(raw: bytes) -> dict[str, Any]:
     try:
-        payload = json.loads(raw.decode("utf-8")) if raw.strip() else None
+        payload = loads_bounded(raw.decode("utf-8")) if raw.strip() else None
+    except JsonRefused as exc:
+        raise refused_json(exc) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"The body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):

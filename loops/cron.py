@@ -71,14 +71,41 @@ def zone(name: str) -> ZoneInfo:
         raise CronInvalid(f"Unknown time zone {name!r}.") from exc
 
 
-def cron_validate(spec: CronSpec) -> None:
-    """Raise CronInvalid naming what is wrong with the expression or the zone."""
+#: The fields of an expression in croniter's order: a sixth field is seconds, a seventh the year.
+CRON_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week", "second", "year")
+#: croniter syntax the scheduler does not honour: ``H`` is seeded per process by whatever id is
+#: passed, ``R`` is drawn anew at every parse, so neither names fixed times.
+_UNSUPPORTED = {"H": "hashed values (H)", "R": "random values (R)"}
+
+
+def unsupported_field(expression: str) -> str | None:
+    """A sentence naming the first field that uses syntax the scheduler does not honour."""
+    if expression.strip().startswith("@"):
+        return None
+    for name, field in zip(CRON_FIELDS, expression.split(), strict=False):
+        for part in field.split(","):
+            what = _UNSUPPORTED.get(part[:1].upper())
+            if what is not None:
+                return f"the {name} field ({field!r}) uses {what}, which are not supported"
+    return None
+
+
+def cron_validate(spec: CronSpec, now: datetime | None = None) -> None:
+    """Raise CronInvalid naming what is wrong with the expression or the zone; with ``now``,
+    also refuse an expression that never fires again (within croniter's 50-year horizon)."""
     zone(spec.timezone)
     if not spec.expression.strip():
         raise CronInvalid("The cron expression is empty.")
+    unsupported = unsupported_field(spec.expression)
+    if unsupported is not None:
+        raise CronInvalid(
+            f"{spec.expression!r} is not a valid cron expression here: {unsupported}."
+        )
     hash_id = spec.hash_id.encode("utf-8") if spec.hash_id else None
     if not croniter.is_valid(spec.expression, hash_id=hash_id):
         raise CronInvalid(f"{spec.expression!r} is not a valid cron expression.")
+    if now is not None and next_fire_after(spec, now) is None:
+        raise CronInvalid(f"{spec.expression!r} never fires after {now:%Y-%m-%d}.")
 
 
 def _iterator(spec: CronSpec) -> croniter[datetime]:

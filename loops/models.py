@@ -141,7 +141,10 @@ class LoopRun(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)
-    lock_wait_since = models.DateTimeField(null=True, blank=True)
+    #: The wait the run is in (a path lock, a model endpoint), as ``loops.services.waits``
+    #: records it: written on every poll, announced by one event when it starts and one when it
+    #: ends; ``{}`` when the run waits on nothing.
+    wait = models.JSONField(default=dict, blank=True)
     event_seq = models.PositiveIntegerField(default=0)
     step_count = models.PositiveIntegerField(default=0)
     #: The lease token under which the run's current model call was admitted against its
@@ -345,22 +348,9 @@ class CircuitState(models.Model):
         return f"{self.key}:{self.state}"
 
 
-class ControlSetting(models.Model):
-    """Operator-adjustable switches (for example a global pause of new claims)."""
-
-    key = models.CharField(max_length=100, unique=True)
-    value = models.JSONField(default=dict)
-    updated_by = models.CharField(max_length=150, blank=True, default="")
-    updated_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self) -> str:
-        return self.key
-
-
 __all__ = [
     "AutonomyLevel",
     "CircuitState",
-    "ControlSetting",
     "LoopArtifact",
     "LoopEvent",
     "LoopPattern",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import InvalidInput
 
@@ -22,8 +22,20 @@ class Budget(_StrictPolicyModel):
 
     invocations: int | None = Field(default=None, ge=0)
     toolCalls: int | None = Field(default=None, ge=0)
-    delegations: int | None = Field(default=None, ge=0)
     verifications: int | None = Field(default=None, ge=0)
+    #: Not a budget metric: sub-agents are bounded per invocation by the harness ``delegation``
+    #: section (docs/sub-agents.md); present only to refuse a limit nothing would count.
+    delegations: Any = Field(default=None, exclude=True)
+
+    @field_validator("delegations")
+    @classmethod
+    def _no_delegations(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(
+                "nothing counts delegations as a budget: bound sub-agents with the harness "
+                "delegation section (maxDepth, maxCount, allowedEmployees) and remove this limit"
+            )
+
     tokens: int | None = Field(default=None, ge=0)
     cost: float | None = Field(default=None, ge=0)
 
@@ -36,11 +48,6 @@ class Budgets(_StrictPolicyModel):
 class CircuitBreakerPolicy(_StrictPolicyModel):
     failureThreshold: int = Field(default=5, ge=1, le=1000)
     cooldownSeconds: int = Field(default=300, ge=1, le=86_400)
-
-
-class PathPolicy(_StrictPolicyModel):
-    maxFiles: int | None = Field(default=None, ge=1)
-    deny: list[str] = []
 
 
 class ApprovalPolicy(_StrictPolicyModel):
@@ -68,12 +75,23 @@ class PatternPolicy(_StrictPolicyModel):
     lockWaitTimeoutSeconds: int = Field(default=3600, ge=1)
     budgets: Budgets = Budgets()
     circuitBreaker: CircuitBreakerPolicy = CircuitBreakerPolicy()
-    paths: PathPolicy = PathPolicy()
     approvals: ApprovalPolicy = ApprovalPolicy()
     toolLoop: ToolLoopPolicy = ToolLoopPolicy()
     requiredChecks: list[str] = []
-    #: The pattern's layer of the harness compilation (same schema as a profile's settings).
+    #: The pattern's layer of the harness compilation (same schema as a profile's settings;
+    #: its ``paths`` section holds the pattern's denied paths and file limit).
     harness: dict[str, Any] = {}
+
+    #: Moved into the harness layer (``harness.paths``); present only to say so.
+    paths: Any = Field(default=None, exclude=True)
+
+    @field_validator("paths")
+    @classmethod
+    def _paths_moved(cls, value: Any) -> None:
+        # The old default (no limit, nothing denied) said nothing: snapshots taken before the
+        # move still hold it.
+        if value not in (None, {}, {"maxFiles": None, "deny": []}):
+            raise ValueError("paths moved to the harness layer: write policy.harness.paths")
 
 
 def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict[str, str]]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from harness.serializers import HarnessLayerField, StrictInput
 from loops import state
 from loops.models import (
     ActionApproval,
@@ -20,10 +22,12 @@ from loops.models import (
     TriggerType,
 )
 from loops.services.budgets import run_budget_usage
+from loops.services.runs import run_harness_notices
 from loops.triggers.scheduler import pattern_next_fire_at
+from orchestrator.strict import StrictModelSerializer, StrictSerializer
 
 
-class PatternSerializer(serializers.ModelSerializer[LoopPattern]):
+class PatternSerializer(StrictModelSerializer[LoopPattern]):
     maker_usernames = serializers.ListField(
         child=serializers.CharField(max_length=150), allow_empty=True, required=False
     )
@@ -66,17 +70,55 @@ class PatternUpdateSerializer(PatternSerializer):
         read_only_fields = ["key", "version", "created_by", "created_at", "updated_at"]
 
 
-class TriggerSerializer(serializers.Serializer[Any]):
+class TriggerSerializer(StrictInput):
+    """Unknown fields are refused: a misspelt ``harness_overrides`` must not start a run
+    without them."""
+
     inputs = serializers.DictField(
         required=False, default=dict, help_text="Values for the goal template."
     )
+    harness_overrides = HarnessLayerField(
+        required=False,
+        help_text=(
+            "The run's own harness layer (`run`), stacked last on every role: it can only "
+            "tighten. A value looser than an earlier layer's is not applied and is listed in "
+            "the run's `harness_notices`. Problems point into it (`/harness_overrides/limits/"
+            "maxInvocations`)."
+        ),
+    )
 
 
-class ActionSerializer(serializers.Serializer[Any]):
+class HarnessPreviewSerializer(StrictInput):
+    harness_overrides = HarnessLayerField(
+        required=False, help_text="The run overrides to preview, as for a trigger."
+    )
+
+
+class HarnessNoticeSerializer(StrictSerializer):
+    role = serializers.ChoiceField(choices=["leader", "maker", "verifier"])
+    employee = serializers.CharField()
+    field = serializers.CharField(help_text="The setting, e.g. `limits.maxInvocations`.")
+    asked = serializers.JSONField(help_text="The value the run's overrides asked for.")
+    got = serializers.JSONField(help_text="The value the role runs with.")
+    decidedBy = serializers.CharField(help_text="The layer that set it, e.g. `profile:tight@1`.")
+
+
+class HarnessPreviewResultSerializer(StrictSerializer):
+    harness_snapshots = serializers.JSONField(
+        help_text=(
+            "Per role, exactly what a run triggered now with these overrides would pin: "
+            "`{leader, makers: {username: ...}, verifier}`, each `{profile, settings, "
+            "provenance, layers}`."
+        )
+    )
+    harness_notices = HarnessNoticeSerializer(many=True)
+
+
+class ActionSerializer(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
-class RunSerializer(serializers.ModelSerializer[LoopRun]):
+class RunSerializer(StrictModelSerializer[LoopRun]):
     pattern: serializers.SlugRelatedField[LoopPattern] = serializers.SlugRelatedField(
         slug_field="key", read_only=True
     )
@@ -87,14 +129,48 @@ class RunSerializer(serializers.ModelSerializer[LoopRun]):
         fields = [
             "id", "pattern", "pattern_version", "status", "trigger_type", "triggered_by",
             "trigger_ref", "inputs", "goal", "autonomy_level", "role_bindings", "cursor",
-            "result", "terminal_reason", "failure_reason", "attempts", "max_attempts",
+            "result", "terminal_reason", "failure_reason", "wait", "attempts", "max_attempts",
             "lease_owner", "lease_expires_at", "heartbeat_at", "step_count", "retry_of",
             "created_at", "started_at", "finished_at", "updated_at", "allowed_actions",
         ]  # fmt: skip
         read_only_fields = fields
+        extra_kwargs = {
+            "wait": {
+                "help_text": (
+                    "The wait the run is in ({} when none): kind (lock|model), since, "
+                    "last_poll, polls, longest_gap_seconds, detail (what it waits on)."
+                )
+            }
+        }
 
     def get_allowed_actions(self, obj: LoopRun) -> list[str]:
         return state.allowed_actions(obj.status)
+
+
+@extend_schema_field(HarnessNoticeSerializer(many=True))
+class HarnessNoticesField(serializers.Field[Any, Any, list[dict[str, Any]], LoopRun]):
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("source", "*")
+        kwargs.setdefault("read_only", True)
+        kwargs.setdefault(
+            "help_text",
+            "What the run's harness overrides asked for and did not get, because an earlier "
+            "layer is stricter: `[{role, employee, field, asked, got, decidedBy}]`.",
+        )
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: LoopRun) -> list[dict[str, Any]]:
+        return run_harness_notices(value)
+
+
+class TriggeredRunSerializer(RunSerializer):
+    """A run just started (trigger, retry), with its harness notices."""
+
+    harness_notices = HarnessNoticesField()
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "harness_notices"]
+        read_only_fields = fields
 
 
 class RunDetailSerializer(RunSerializer):
@@ -106,10 +182,13 @@ class RunDetailSerializer(RunSerializer):
         )
     )
 
+    harness_notices = HarnessNoticesField()
+
     class Meta(RunSerializer.Meta):
         fields = [
             *RunSerializer.Meta.fields,
             "harness_snapshots",
+            "harness_notices",
             "policy_snapshot",
             "repository_snapshot",
             "budget_usage",
@@ -120,7 +199,7 @@ class RunDetailSerializer(RunSerializer):
         return run_budget_usage(obj)
 
 
-class BudgetRaiseSerializer(serializers.Serializer[Any]):
+class BudgetRaiseSerializer(StrictSerializer):
     perRun = serializers.DictField(  # the policy's own spelling
         help_text=(
             "Per-run limits to raise, as in the pattern policy's budgets.perRun (invocations, "
@@ -130,14 +209,14 @@ class BudgetRaiseSerializer(serializers.Serializer[Any]):
     )
 
 
-class EventSerializer(serializers.ModelSerializer[LoopEvent]):
+class EventSerializer(StrictModelSerializer[LoopEvent]):
     class Meta:
         model = LoopEvent
         fields = ["seq", "type", "from_status", "to_status", "actor", "data", "created_at"]
         read_only_fields = fields
 
 
-class StepSerializer(serializers.ModelSerializer[LoopStep]):
+class StepSerializer(StrictModelSerializer[LoopStep]):
     class Meta:
         model = LoopStep
         fields = [
@@ -148,14 +227,14 @@ class StepSerializer(serializers.ModelSerializer[LoopStep]):
         read_only_fields = fields
 
 
-class ArtifactSerializer(serializers.ModelSerializer[LoopArtifact]):
+class ArtifactSerializer(StrictModelSerializer[LoopArtifact]):
     class Meta:
         model = LoopArtifact
         fields = ["id", "kind", "name", "content_type", "content", "metadata", "created_at"]
         read_only_fields = fields
 
 
-class ApprovalSerializer(serializers.ModelSerializer[ActionApproval]):
+class ApprovalSerializer(StrictModelSerializer[ActionApproval]):
     pattern = serializers.CharField(source="run.pattern.key", read_only=True)
     goal = serializers.CharField(source="run.goal", read_only=True)
 
@@ -170,7 +249,7 @@ class ApprovalSerializer(serializers.ModelSerializer[ActionApproval]):
         read_only_fields = fields
 
 
-class DecideSerializer(serializers.Serializer[Any]):
+class DecideSerializer(StrictSerializer):
     decision = serializers.ChoiceField(choices=["approve", "reject"])
     input = serializers.JSONField(
         required=False, allow_null=True, default=None, help_text="Edited tool arguments."

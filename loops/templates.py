@@ -15,7 +15,21 @@ MAX_GOAL_CHARS = 20_000
 
 
 def check_template(template: str) -> None:
-    """Refuse a template that does not parse (when a pattern is saved)."""
+    """Refuse, when a pattern is saved, a template longer than a rendered goal may be (every
+    trigger would fail) or one that does not parse."""
+    if len(template) > MAX_GOAL_CHARS:
+        raise InvalidInput(
+            f"goal_template is {len(template)} characters long; the limit is {MAX_GOAL_CHARS}, "
+            "the longest goal a run accepts.",
+            errors=[
+                {
+                    "pointer": "/goal_template",
+                    "detail": f"Ensure this field has no more than {MAX_GOAL_CHARS} characters.",
+                    "code": "max_length",
+                    "max_length": MAX_GOAL_CHARS,
+                }
+            ],
+        )
     try:
         _env.parse(template)
     except TemplateError as exc:

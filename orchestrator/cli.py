@@ -1,7 +1,12 @@
 """``loopwright``: trigger a pattern and follow its run from a terminal.
 
-    loopwright trigger <pattern> [--input key=value ...] [--watch]
+    loopwright trigger <pattern> [--input key=value ...] [--override section.key=value ...]
+                                 [--overrides-json '{...}'] [--watch]
     loopwright watch <run-id>
+
+``--override`` and ``--overrides-json`` give the run's own harness layer (docs/harness.md): it
+can only tighten. What it asks for beyond an earlier layer is not applied; the CLI prints each
+such setting with the value the run got and the layer that set it.
 
 It talks to the REST API only (no Django import, so it starts fast and runs anywhere):
 ``LOOPWRIGHT_URL`` (default http://127.0.0.1:8000) and ``LOOPWRIGHT_TOKEN`` (a bearer API token,
@@ -21,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
+from urllib.parse import quote
 
 import httpx2
 
@@ -35,11 +41,13 @@ MAX_POLL_FAILURES = 30
 
 
 class CliError(Exception):
-    """Something to tell the user, then exit 1. ``transient``: worth retrying (network, 5xx)."""
+    """Something to tell the user, then exit 1. ``transient``: worth retrying (network, 5xx);
+    ``status``: the HTTP status of the API's refusal, if that is what it is."""
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.status = status
 
 
 # --- API access ----------------------------------------------------------------------------------
@@ -85,7 +93,11 @@ class Api:
                 f"Cannot reach Loopwright at {self.url} (LOOPWRIGHT_URL): {exc}", transient=True
             ) from exc
         if response.status_code >= 400:
-            raise CliError(_problem_text(response), transient=response.status_code >= 500)
+            raise CliError(
+                _problem_text(response),
+                transient=response.status_code >= 500,
+                status=response.status_code,
+            )
         return response.json()
 
     def close(self) -> None:
@@ -121,6 +133,48 @@ def parse_inputs(pairs: Sequence[str]) -> dict[str, Any]:
     return inputs
 
 
+def parse_overrides(pairs: Sequence[str], raw_json: str | None = None) -> dict[str, Any] | None:
+    """The run's harness overrides: ``--overrides-json`` (an object), then each ``--override
+    section.key=value`` on top (the value is JSON when it parses, else a string). None: none."""
+    overrides: dict[str, Any] = {}
+    if raw_json is not None:
+        try:
+            parsed = json.loads(raw_json)
+        except ValueError as exc:
+            raise CliError(f"--overrides-json: not valid JSON ({exc}).") from exc
+        if not isinstance(parsed, dict):
+            raise CliError('--overrides-json: expected a JSON object such as {"limits": {...}}.')
+        overrides = parsed
+    for pair in pairs:
+        field_path, sep, raw = pair.partition("=")
+        section, dot, key = field_path.strip().partition(".")
+        if not sep or not dot or not section or not key or "." in key:
+            raise CliError(
+                f"--override {pair!r}: expected section.key=value, e.g. limits.maxInvocations=3."
+            )
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        target = overrides.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise CliError(f"--override {pair!r}: {section} is not an object in --overrides-json.")
+        target[key] = value
+    return overrides if raw_json is not None or pairs else None
+
+
+def notice_lines(notices: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per override that was not applied: who, the setting, what it got and why."""
+    lines = []
+    for notice in notices:
+        lines.append(
+            f"  not applied for {notice.get('role')} {notice.get('employee')}: "
+            f"{notice.get('field')} = {_short(notice.get('got'))} "
+            f"(asked {_short(notice.get('asked'))}; set by {notice.get('decidedBy')})"
+        )
+    return lines
+
+
 # --- watching ------------------------------------------------------------------------------------
 
 
@@ -140,15 +194,66 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def format_event(event: dict[str, Any]) -> str:
-    """One line: time, type, from→to, actor, and a few data items."""
+    """One line: time, type, from→to, actor, and a few data items (for an event that starts
+    or ends a wait, what it waits on or how long it waited, instead of the items)."""
     moved = ""
-    if event.get("to_status"):
+    if event.get("to_status") and event.get("to_status") != event.get("from_status"):
         moved = f"{event.get('from_status') or '·'}→{event['to_status']}"
     data = event.get("data") or {}
-    items = " ".join(f"{k}={_short(v)}" for k, v in list(data.items())[:4] if v not in ("", None))
+    items = _wait_line(str(event.get("type") or ""), data) or " ".join(
+        f"{k}={_short(v)}" for k, v in list(data.items())[:4] if v not in ("", None)
+    )
     actor = f"by {event['actor']}" if event.get("actor") else ""
     parts = [_clock(event.get("created_at")), f"#{event.get('seq')}", event.get("type", "?")]
     return "  ".join(p for p in [*parts, moved, actor, items] if p)
+
+
+#: What ended a wait, by the event type that ended it (``wait.ended``'s ``ended_by``). The CLI
+#: runs as a bare file importing nothing of the project, so these words repeat the run page's
+#: (frontend/templatetags/waits.py); tests/ui/test_waits_shown.py holds both to the same lines.
+_WAIT_ENDED_BY = {
+    "run.started": "locks taken",
+    "lock.timeout": "timed out",
+    "run.canceled": "canceled",
+    "run.paused": "paused",
+    "model.answered": "the model answered",
+    "run.failed": "the run failed",
+}
+
+
+def _wait_duration(seconds: float) -> str:
+    """``42.5 s``, ``4m 02s``, ``1h 05m``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def _wait_line(kind: str, data: dict[str, Any]) -> str:
+    """The one line of an event that starts a wait (``lock.waiting``, a model's
+    ``run.retry_later``) or ends it (``wait.ended``); empty for any other event."""
+    if kind == "lock.waiting":
+        wanted = list(data.get("paths") or [])
+        paths = ", ".join(wanted) or "?"
+        holders = [str(r)[:8] for r in data.get("held_by") or []]
+        held = f" held by run{'s' if len(holders) > 1 else ''} {', '.join(holders)}"
+        locks = "locks" if len(wanted) > 1 else "lock"
+        return f"waiting for path {locks} on {paths}{held if holders else ''}"
+    if kind == "run.retry_later" and data.get("kind") == "model":
+        error = f" (last error: {_short(data['error'])})" if data.get("error") else ""
+        return f"waiting for model endpoint {data.get('endpoint') or '?'}{error}"
+    if kind == "wait.ended":
+        polls = int(data.get("polls") or 0)
+        by = str(data.get("ended_by") or "")
+        text = (
+            f"waited {_wait_duration(float(data.get('waited_seconds') or 0))}, "
+            f"{polls} poll{'' if polls == 1 else 's'}, "
+            f"longest gap {float(data.get('longest_gap_seconds') or 0):.1f} s"
+        )
+        return f"{text} ({_WAIT_ENDED_BY.get(by, by)})" if by else text
+    return ""
 
 
 def _duration(run: dict[str, Any]) -> str:
@@ -268,10 +373,27 @@ def watch(api: Api, run_id: str, out: TextIO, sleep: Callable[[float], None] = t
 
 def cmd_trigger(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     inputs = parse_inputs(args.input or [])
-    run = api.request("POST", f"patterns/{args.pattern}/trigger", json={"inputs": inputs})
+    body: dict[str, Any] = {"inputs": inputs}
+    overrides = parse_overrides(args.override or [], args.overrides_json)
+    if overrides is not None:
+        body["harness_overrides"] = overrides
+    try:
+        run = api.request("POST", f"patterns/{quote(args.pattern, safe='')}/trigger", json=body)
+    except CliError as exc:
+        if exc.status == 404:
+            raise CliError(
+                f"Not found: no pattern with key {args.pattern!r} at {api.url} "
+                "(the key is the one in GET /api/v1/patterns and the pattern's page)."
+            ) from exc
+        raise
     print(f"run {run['id']} of {run['pattern']} is {run['status']}", file=out)
     if run.get("goal"):
         print(f"  goal: {_short(run['goal'], 200)}", file=out)
+    notices = run.get("harness_notices") or []
+    if notices:
+        print("harness overrides looser than an earlier layer were not applied:", file=out)
+        for line in notice_lines(notices):
+            print(line, file=out)
     if not args.watch:
         return EXIT_OK
     return watch(api, str(run["id"]), out)
@@ -296,6 +418,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a goal template input; the value is parsed as JSON when it is valid JSON "
         "(repeatable)",
+    )
+    trigger.add_argument(
+        "--override",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="a harness setting for this run only, e.g. limits.maxInvocations=3 or "
+        "tools.deny='[\"write\"]'; the value is parsed as JSON when it is valid JSON; it can "
+        "only tighten (repeatable)",
+    )
+    trigger.add_argument(
+        "--overrides-json",
+        metavar="JSON",
+        help="the run's harness overrides as one JSON object (--override values go on top)",
     )
     trigger.add_argument("--watch", action="store_true", help="follow the run until it ends")
     trigger.set_defaults(handler=cmd_trigger)

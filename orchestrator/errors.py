@@ -16,9 +16,12 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from orchestrator.jsonlimits import MAX_DEPTH, JsonRefused, pointer, safe_text
+
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_BASE = "/problems/"
+TOO_DEEP = "The input is nested too deeply to process."
 
 
 class DomainError(Exception):
@@ -54,8 +57,35 @@ class InvalidInput(DomainError):
     title = "Invalid input"
 
 
+class PayloadTooLarge(DomainError):
+    """A request body over ``LOOPWRIGHT_MAX_BODY_BYTES``; the problem names the limit."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    problem_type = "payload-too-large"
+    title = "Request body too large"
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(
+            f"The request body is larger than {limit_bytes} bytes, the limit "
+            "(LOOPWRIGHT_MAX_BODY_BYTES).",
+            limit_bytes=limit_bytes,
+        )
+
+
+def refused_json(exc: JsonRefused, prefix: str = "") -> InvalidInput:
+    """The 400 for JSON input refused by :mod:`orchestrator.jsonlimits` (depth, NUL,
+    surrogates, non-finite numbers); ``prefix`` is the pointer of where the JSON sits."""
+    extra: dict[str, Any] = {}
+    if exc.code == "too_deep":
+        extra["max_depth"] = MAX_DEPTH
+    where = (prefix + exc.pointer) or "/"
+    return InvalidInput(
+        exc.detail, errors=[{"pointer": where, "detail": exc.detail, "code": exc.code}], **extra
+    )
+
+
 def _pointer(path: list[str | int]) -> str:
-    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    return pointer(path) or "/"
 
 
 def flatten_field_errors(data: Any, path: list[str | int] | None = None) -> list[dict[str, str]]:
@@ -70,13 +100,14 @@ def flatten_field_errors(data: Any, path: list[str | int] | None = None) -> list
         if all(isinstance(x, (str, exceptions.ErrorDetail)) for x in data):
             for item in data:
                 code = getattr(item, "code", "invalid")
-                out.append({"pointer": _pointer(path), "detail": str(item), "code": str(code)})
+                detail = safe_text(str(item))
+                out.append({"pointer": _pointer(path), "detail": detail, "code": str(code)})
         else:
             for index, value in enumerate(data):
                 out.extend(flatten_field_errors(value, [*path, index]))
     else:
         code = getattr(data, "code", "invalid")
-        out.append({"pointer": _pointer(path), "detail": str(data), "code": str(code)})
+        out.append({"pointer": _pointer(path), "detail": safe_text(str(data)), "code": str(code)})
     return out
 
 
@@ -92,7 +123,7 @@ def problem(
         "type": PROBLEM_BASE + problem_type,
         "title": title,
         "status": status_code,
-        "detail": detail,
+        "detail": safe_text(detail),
     }
     if request is not None:
         body["instance"] = request.path
@@ -136,6 +167,9 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     """DRF ``EXCEPTION_HANDLER``: every error becomes a problem+json response."""
     request = context.get("request")
     django_request = getattr(request, "_request", request)
+    if isinstance(exc, RecursionError):  # input deeper than some recursive code can follow
+        logger.warning("RecursionError answered 400 on %s", getattr(django_request, "path", "-"))
+        exc = refused_json(JsonRefused(TOO_DEEP, code="too_deep"))
     if isinstance(exc, DomainError):
         body = problem(
             exc.status_code, exc.problem_type, exc.title, exc.detail, django_request, **exc.extra

@@ -89,6 +89,7 @@ INSTALLED_APPS = [
     "harness",
     "loops",
     "skillhub",
+    "gateway",
     "frontend",
 ]
 
@@ -96,6 +97,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "orchestrator.middleware.RequestIdMiddleware",
+    "orchestrator.middleware.BoundedRequestMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -283,6 +285,12 @@ LOOPWRIGHT_HARNESS_PLATFORM: dict[str, Any] = json.loads(
 )
 
 # --- REST framework ---------------------------------------------------------------------------
+# Request bodies (docs/api.md, Input bounds): one limit for the API's JSON, the UI's forms
+# and webhook deliveries; a larger body is a 413 problem naming it. Django's own limit is the
+# same number, so nothing parses a body this one would refuse.
+LOOPWRIGHT_MAX_BODY_BYTES = env_int("LOOPWRIGHT_MAX_BODY_BYTES", 8 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = LOOPWRIGHT_MAX_BODY_BYTES
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "orchestrator.accounts.authentication.BearerTokenAuthentication",
@@ -290,12 +298,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["orchestrator.accounts.permissions.IsViewer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_FILTER_BACKENDS": ["orchestrator.filters.BoundedFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "orchestrator.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "orchestrator.errors.problem_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["orchestrator.parsers.BoundedJSONParser"],
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -312,7 +320,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "loops.models.RunStatus"},
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "loops.models.RunStatus",
+        "ChatCompletionStatusEnum": "gateway.models.CompletionStatus",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "orchestrator.openapi.add_problem_responses",
+    ],
 }
 
 # E-mail (approval notifications): Django's SMTP backend when EMAIL_HOST is set.

@@ -75,6 +75,10 @@ class CircuitAdmission:
     token: str = ""
     #: For DENY: seconds until a probe may be attempted.
     retry_in: float = 0.0
+    #: For DENY: refused because a probe is in flight (half-open, or another caller just won
+    #: the probe). ``retry_in`` is then the probe's lease, which only matters when its holder
+    #: vanished: a live probe ends within one request, closing or re-opening the breaker.
+    probing: bool = False
     #: For ALLOW: consecutive failures counted when admitted (a success then resets them).
     failures: int = 0
 
@@ -159,12 +163,13 @@ class CircuitBreaker:
         if snapshot.state is BreakerState.CLOSED:
             return CircuitAdmission(key, Verdict.ALLOW, failures=snapshot.failures)
         if not claimable:
-            return CircuitAdmission(key, Verdict.DENY, retry_in=wait)
+            probing = snapshot.state is BreakerState.HALF_OPEN
+            return CircuitAdmission(key, Verdict.DENY, retry_in=wait, probing=probing)
         token = uuid.uuid4().hex
         if self.store.claim_probe(key, expected=snapshot, token=token, now=now):
             return CircuitAdmission(key, Verdict.PROBE, token=token)
         # Another caller won the claim between our read and our write.
-        return CircuitAdmission(key, Verdict.DENY, retry_in=probe_lease)
+        return CircuitAdmission(key, Verdict.DENY, retry_in=probe_lease, probing=True)
 
     def record_failure_sync(self, admission: CircuitAdmission, *, cooldown: float) -> None:
         """The endpoint is unavailable (retries exhausted, or the probe failed)."""
@@ -192,6 +197,14 @@ class CircuitBreaker:
 
     def snapshot(self, key: str) -> BreakerSnapshot:
         return self.store.read(key)
+
+    def next_probe_in_sync(self, key: str) -> float | None:
+        """Seconds until an open breaker admits its next probe (0 when due); None when it is
+        not open (closed, or a probe is in flight)."""
+        snapshot = self.store.read(key)
+        if snapshot.state is not BreakerState.OPEN:
+            return None
+        return max((snapshot.opened_at or 0.0) + snapshot.cooldown - self.now(), 0.0)
 
     # --- async API (what the model client uses) -------------------------------------------------
     #
@@ -233,6 +246,14 @@ class CircuitBreaker:
             await self._run_quietly(
                 functools.partial(self.store.reset_failures, admission.key), admission.key
             )
+
+    async def next_probe_in(self, key: str) -> float | None:
+        """:meth:`next_probe_in_sync`; None as well when the store is unreachable."""
+        try:
+            return await self.store.run(functools.partial(self.next_probe_in_sync, key))
+        except Exception:
+            logger.warning("breaker store unavailable; next probe of %s not known", key)
+            return None
 
     async def count_failure(self, admission: CircuitAdmission, *, cooldown: float) -> bool:
         self._forget(admission.key)

@@ -13,12 +13,16 @@ history). Reductions, cheapest loss first:
 1. prune the output of old tool results (the call stays, its output becomes a short note);
 2. drop the oldest groups whole, leaving one note that says how many messages went;
 3. shorten the tool outputs of the recent groups to an equal share of what is left.
+
+:func:`judge_overflow` weighs a provider's context-overflow answer against the request's
+estimated size and the context window, so an answer that cannot be true is not taken for one.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,3 +217,106 @@ def compact(
         dropped_messages=work.dropped,
         shortened_outputs=work.shortened,
     )
+
+
+# --- judging a provider's context overflow ----------------------------------------------------
+
+#: A request estimated at no more than this share of the context window is clearly well within
+#: it: the estimate (4 characters a token) is rough, but not off by a factor of four.
+WELL_WITHIN_SHARE = 0.25
+
+_NUMBER = r"(\d{1,3}(?:,\d{3})+|\d+)"
+_LIMIT_PATTERNS = (
+    re.compile(
+        r"(?:maximum context length|context (?:length|window|size)|max(?:imum)? "
+        r"(?:input |prompt )?tokens?|token limit|limit)(?: of| is|:|=)?\s*" + _NUMBER,
+        re.IGNORECASE,
+    ),
+    re.compile(_NUMBER + r"\s*tokens?\s*(?:maximum|max|limit)", re.IGNORECASE),
+    re.compile(r">\s*" + _NUMBER, re.IGNORECASE),
+)
+_REQUESTED_PATTERNS = (
+    re.compile(
+        r"(?:requested|you sent|resulted in|got|"
+        r"prompt (?:has|contains|is)|input (?:has|contains|is))"
+        r"(?: about)?\s*" + _NUMBER + r"\s*tokens",
+        re.IGNORECASE,
+    ),
+    re.compile(_NUMBER + r"\s*tokens?\s*>", re.IGNORECASE),
+)
+
+
+@dataclass(frozen=True)
+class OverflowClaim:
+    """What a provider's context-overflow answer says in numbers, when it says them."""
+
+    limit: int | None = None
+    requested: int | None = None
+
+
+def _first_number(text: str, patterns: tuple[re.Pattern[str], ...]) -> int | None:
+    for pattern in patterns:
+        found = pattern.search(text)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return None
+
+
+def overflow_claim(text: str) -> OverflowClaim:
+    """The context limit and the requested tokens an overflow message states (either may be
+    missing): ``maximum context length is 8192 tokens ... you requested 9000 tokens``,
+    ``prompt is too long: 210000 tokens > 200000 maximum``."""
+    return OverflowClaim(
+        limit=_first_number(text, _LIMIT_PATTERNS),
+        requested=_first_number(text, _REQUESTED_PATTERNS),
+    )
+
+
+@dataclass(frozen=True)
+class OverflowVerdict:
+    """Whether a provider's context overflow can be true of the request (``real``), and why,
+    in words fit for a run's reason."""
+
+    real: bool
+    why: str
+    estimate: int
+    window: int
+    claim: OverflowClaim
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "overflow": "real" if self.real else "misreported",
+            "estimated_tokens": self.estimate,
+            "context_window": self.window,
+            "claimed_limit": self.claim.limit,
+            "claimed_tokens": self.claim.requested,
+            "why": self.why,
+        }
+
+
+def judge_overflow(text: str, estimate: int, window: int) -> OverflowVerdict:
+    """Weigh a provider's context-overflow answer (``text``) against the request's estimated
+    size and the endpoint's configured context ``window``.
+
+    The provider's own stated limit, when it gives one, is the window judged against (the
+    configured one may be wrong). The answer is *misreported* when its numbers contradict
+    themselves (the tokens it says were requested fit the limit it states) or when the request
+    is clearly well within the window (at most :data:`WELL_WITHIN_SHARE` of it); otherwise it is
+    *real*."""
+    claim = overflow_claim(text)
+    limit = claim.limit or window
+    source = "the limit the provider states" if claim.limit else "the endpoint's context window"
+    share = estimate / limit if limit > 0 else float("inf")
+    if claim.limit and claim.requested is not None and claim.requested <= claim.limit:
+        why = (
+            f"the provider says {claim.requested:,} tokens were requested, within its own "
+            f"limit of {claim.limit:,}"
+        )
+        return OverflowVerdict(False, why, estimate, limit, claim)
+    if share <= WELL_WITHIN_SHARE:
+        why = (
+            f"the request is about {estimate:,} tokens, {share:.1%} of {source} ({limit:,} tokens)"
+        )
+        return OverflowVerdict(False, why, estimate, limit, claim)
+    why = f"the request is about {estimate:,} tokens, {share:.0%} of {source} ({limit:,} tokens)"
+    return OverflowVerdict(True, why, estimate, limit, claim)

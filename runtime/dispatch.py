@@ -13,7 +13,7 @@ before the crash; only calls without a persisted result are acted on.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -214,6 +214,27 @@ def _decide(
     if rule.decision is Decision.ASK:
         return replace(base, disposition=Disposition.GATE, message=rule.reason)
     return base
+
+
+def split_client_calls(
+    calls: list[ToolCall], client_tools: Collection[str], offered: Collection[str]
+) -> tuple[list[ToolCall], list[ToolCall]]:
+    """``calls`` as (the server's, the client's): a call goes to the client when its name is
+    one of ``client_tools`` (exactly, or loosely and no offered server tool matches); client
+    calls carry the client tool's own name."""
+    if not client_tools:
+        return calls, []
+    server: list[ToolCall] = []
+    client: list[ToolCall] = []
+    for call in calls:
+        name = call.name if call.name in client_tools else None
+        if name is None and not match_name(call.name, offered):
+            name = match_name(call.name, client_tools)
+        if name is None:
+            server.append(call)
+        else:
+            client.append(replace(call, name=name))
+    return server, client
 
 
 NOT_EXECUTED_AT_LIMIT = (

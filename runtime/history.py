@@ -36,6 +36,9 @@ class ModelEntry:
     message: Message
     calls: list[ToolCall]
     request: dict[str, Any]
+    #: Calls of tools the client runs (a request-scoped invocation): never planned nor run
+    #: here; the invocation ends with them once ``calls`` (the server's) have their results.
+    client_calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -117,16 +120,19 @@ def assistant_message(response: ChatResponse, step_number: int, phase: Phase) ->
         for index, call in enumerate(response.tool_calls):
             call_id = call.id if call.id and call.id not in seen else f"call_{step_number}_{index}"
             seen.add(call_id)
-            calls.append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-            )
+            calls.append(assistant_call(ToolCall(call_id, call.name, call.arguments)))
         message["tool_calls"] = calls
         message["content"] = response.content or None
     return message
+
+
+def assistant_call(call: ToolCall) -> dict[str, Any]:
+    """``call`` as an assistant message's ``tool_calls`` entry (OpenAI wire shape)."""
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def calls_of(message: Message) -> list[ToolCall]:

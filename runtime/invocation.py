@@ -56,6 +56,12 @@ class InvocationRequest:
     context: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Any] = field(default_factory=dict)
     workdir: str | None = None
+    #: A request-scoped invocation (``runtime.chat``): the client's chat messages (OpenAI wire
+    #: shape), sent after the system prompt instead of the goal message. None: a run's role.
+    conversation: tuple[dict[str, Any], ...] | None = None
+    #: OpenAI function tools the *client* runs: offered next to the server tools; a step that
+    #: calls one ends the invocation with the calls (``output["client_tool_calls"]``).
+    client_tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,8 +92,8 @@ class RunHalted(Exception):
 
     Invokers must let it propagate untouched, like :class:`LeaseLost`; the engine turns it into
     the run's next state (``outcome``: BLOCKED parks the run in ``blocked``, ESCALATE sends it to
-    ``waiting_human``) with ``code`` as the run's ``terminal_reason``, ``reason`` as its
-    ``failure_reason`` and ``data`` in the event.
+    ``waiting_human``, FAILED ends it) with ``code`` as the run's ``terminal_reason``,
+    ``reason`` as its ``failure_reason`` and ``data`` in the event.
     """
 
     outcome: ClassVar[OutcomeKind]
@@ -101,6 +107,14 @@ class BudgetExhausted(RunHalted):
     """A per-run or daily budget has no room for what was about to start (the run blocks)."""
 
     outcome = OutcomeKind.BLOCKED
+
+
+class HarnessLimitReached(RunHalted):
+    """A limit of the role's compiled harness (``limits.*``, ``isolation.*``) stops the run: it
+    ends ``failed`` with ``code`` ``harness_limit:<setting>``, and ``reason`` names the value and
+    the layer that set it. Unlike a budget, no raise can lift it."""
+
+    outcome = OutcomeKind.FAILED
 
 
 class ToolLoopEscalated(RunHalted):

@@ -25,16 +25,19 @@ from runtime.compaction import (
     FORCED_KEEP_RECENT_GROUPS,
     KEEP_RECENT_GROUPS,
     Compaction,
+    OverflowVerdict,
     compact,
     estimate_tokens,
+    judge_overflow,
     message_tokens,
 )
-from runtime.dispatch import Phase, Toolset, plan_step, replay_settled
-from runtime.execution import ExecutionLimits, StepExecutor
+from runtime.dispatch import Phase, Toolset, plan_step, replay_settled, split_client_calls
+from runtime.execution import StepExecutor
 from runtime.history import (
     Log,
     ModelEntry,
     NoticeEntry,
+    assistant_call,
     assistant_message,
     calls_of,
     read_log,
@@ -46,11 +49,14 @@ from runtime.invocation import (
     InvocationRequest,
     NothingToPrepare,
     OutcomeKind,
-    RetryLater,
     StepJournal,
 )
+from runtime.loop_settings import RECURSION_LIMIT, LoopSettings, cap_label, harness_step_cap
+from runtime.model_config import EndpointOverflow
+from runtime.model_failures import misreported_overflow, temporarily_unavailable
+from runtime.output_format import OutputFormat
 from runtime.policy import ToolPolicy
-from runtime.repetition import RepetitionLimits, RepetitionState
+from runtime.repetition import RepetitionState
 from runtime.tools.base import Invocation
 from runtime.tools.registry import ToolRegistry, tool_schema
 from runtime.types import (
@@ -60,14 +66,8 @@ from runtime.types import (
     Message,
     ModelCallFailed,
     ModelClient,
-    ResponseFormat,
 )
-from runtime.validation import (
-    Invalid,
-    ValidArguments,
-    parse_json_lenient,
-    validator_for,
-)
+from runtime.validation import Invalid, ValidArguments
 
 T = TypeVar("T")
 
@@ -81,102 +81,15 @@ BoundTools = Collection[str] | Callable[[InvocationRequest], Collection[str]]
 """The tools the invocation's employee binds (or, per invocation, a function giving them)."""
 
 CORRECTION_NOTICE = "output_correction"
-
-
-class ModelTemporarilyUnavailable(RetryLater):
-    """Every model endpoint failed in a way worth retrying later (rate limits, outages).
-
-    Raised out of ``invoke`` so the engine can re-queue the run with a delay; nothing of the
-    failed step was persisted, so the retry re-issues that step.
-    """
-
-
-#: How long a run parks when every endpoint is down: the providers' own hint (an open
-#: circuit's next probe, a Retry-After) within these bounds, else the default.
-PARK_DELAY_DEFAULT_SECONDS = 30.0
-PARK_DELAY_BOUNDS = (1.0, 600.0)
-
-
-def _park_delay(exc: ModelCallFailed) -> float:
-    if exc.retry_after is None:
-        return PARK_DELAY_DEFAULT_SECONDS
-    low, high = PARK_DELAY_BOUNDS
-    return min(max(exc.retry_after, low), high)
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """Limits of one invocation (docs/tool-loop.md "Limits and defaults")."""
-
-    max_steps: int = 12
-    tool_concurrency: int = 4
-    tool_timeout_seconds: float = 60.0
-    max_tool_output_chars: int = 50_000
-    #: The model's context window, and the part of it kept free for the answer.
-    context_window_tokens: int = 128_000
-    response_reserve_tokens: int = 8_192
-    repetition: RepetitionLimits = field(default_factory=RepetitionLimits)
-
-    def __post_init__(self) -> None:
-        if self.max_steps < 1 or self.tool_concurrency < 1 or self.max_tool_output_chars < 1:
-            raise ValueError("max_steps, tool_concurrency and max_tool_output_chars must be >= 1")
-        if self.tool_timeout_seconds <= 0 or self.context_budget_tokens < 1:
-            raise ValueError("tool timeout and context budget must be positive")
-
-    @property
-    def context_budget_tokens(self) -> int:
-        return self.context_window_tokens - self.response_reserve_tokens
-
-    def execution_limits(self) -> ExecutionLimits:
-        return ExecutionLimits(
-            concurrency=self.tool_concurrency,
-            timeout_seconds=self.tool_timeout_seconds,
-            max_output_chars=self.max_tool_output_chars,
-        )
+DEFAULT_SETTINGS = LoopSettings()
+#: ``LoopSettings`` and the harness step cap live in ``runtime.loop_settings``; imported from here.
+__all__ = ["RECURSION_LIMIT", "LoopSettings", "ToolLoopInvoker", "harness_step_cap"]
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
     if inspect.isawaitable(value):
         return await value
     return value
-
-
-@dataclass(frozen=True)
-class OutputFormat:
-    """What the role's final answer must be: free text, or a JSON object (with a schema)."""
-
-    response_format: ResponseFormat = "text"
-    schema: dict[str, Any] | None = None
-
-    @property
-    def structured(self) -> bool:
-        return self.response_format != "text"
-
-    @classmethod
-    def of(cls, request: InvocationRequest) -> OutputFormat:
-        wanted = request.context.get("response_format")
-        schema = request.context.get("response_schema")
-        schema = schema if isinstance(schema, dict) else None
-        if wanted == "json_schema" and schema is not None:
-            return cls("json_schema", schema)
-        if wanted in ("json", "json_object", "json_schema"):
-            return cls("json_object", schema)
-        return cls()
-
-    def parse(self, text: str) -> dict[str, Any] | Invalid:
-        """The final answer as the role's output, or why it is not usable."""
-        if not self.structured:
-            return {"text": text}
-        parsed = parse_json_lenient(text)
-        if isinstance(parsed, Invalid) or not text.strip():
-            return Invalid("it is not valid JSON.")
-        if not isinstance(parsed.value, dict):
-            return Invalid("it must be a JSON object.")
-        if self.schema is not None:
-            errors = [e.message for e in validator_for(self.schema).iter_errors(parsed.value)]
-            if errors:
-                return Invalid(f"it does not match the required schema ({'; '.join(errors[:5])}).")
-        return parsed.value
 
 
 @dataclass
@@ -230,7 +143,7 @@ class ToolLoopInvoker(NothingToPrepare):
         model_clients: ModelClientFactory,
         tools: ToolRegistry,
         policy: PolicyProvider,
-        settings: LoopSettings | Callable[[InvocationRequest], LoopSettings] = LoopSettings(),
+        settings: LoopSettings | Callable[[InvocationRequest], LoopSettings] = DEFAULT_SETTINGS,
         system_prompt: PromptProvider = prompts.default_system_prompt,
         bound_tools: BoundTools = (),
     ) -> None:
@@ -253,13 +166,24 @@ class ToolLoopInvoker(NothingToPrepare):
         settings = (
             self.settings if isinstance(self.settings, LoopSettings) else self.settings(request)
         )
+        capped = harness_step_cap(settings, request)
+        if isinstance(capped, int):
+            layer = (request.harness.get("provenance") or {}).get(RECURSION_LIMIT, "default")
+            cap = {"setting": RECURSION_LIMIT, "value": 0, "layer": str(layer)}
+            return InvocationOutcome(
+                kind=OutcomeKind.FAILED,
+                code=f"harness_limit:{RECURSION_LIMIT}",
+                reason=f"{cap_label(cap)}: no model step may run",
+                output=cap,
+            )
+        settings = capped
         toolset = Toolset(self.tools, await _resolve(self.policy(request)))
         run = _Invocation(self, request, journal, toolset, settings)
         try:
             return await run.drive()
         except ModelCallFailed as exc:
             if exc.retryable:
-                raise ModelTemporarilyUnavailable(str(exc), _park_delay(exc)) from exc
+                raise temporarily_unavailable(exc) from exc
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="model_unavailable", reason=str(exc)
             )
@@ -274,6 +198,7 @@ def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = (
         name=request.invocation,
         employee=request.employee_username,
         harness=(request.harness or {}).get("settings"),
+        harness_provenance=(request.harness or {}).get("provenance"),
         bound_tools=frozenset(bound_tools),
         auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
     )
@@ -301,8 +226,10 @@ class _Invocation:
     async def drive(self) -> InvocationOutcome:
         log = read_log(await self.journal.steps(), self.journal.idempotency_key)
         budget = self.settings.context_budget_tokens
+        prompt, history = (log.prompt, []) if log.prompt else await self._fresh_start()
         conversation = Conversation(
-            prompt=log.prompt or await self._fresh_prompt(),
+            prompt=prompt,
+            history=history,
             budget_tokens=min(log.budget_tokens or budget, budget),
         )
         executor = StepExecutor(
@@ -328,12 +255,19 @@ class _Invocation:
             if outcome is not None:
                 return outcome
 
-    async def _fresh_prompt(self) -> list[Message]:
-        system = await _resolve(self.owner.system_prompt(self.request))
-        return [
-            {"role": "system", "content": system},
-            {"role": "user", "content": prompts.goal_message(self.request)},
-        ]
+    async def _fresh_start(self) -> tuple[list[Message], list[Message]]:
+        """The prompt (kept whole by compaction) and the history a fresh invocation starts with:
+        system prompt and goal; or, request-scoped, the system prompt and the client's leading
+        system messages, with the rest of the client's conversation as history."""
+        system: Message = {
+            "role": "system",
+            "content": await _resolve(self.owner.system_prompt(self.request)),
+        }
+        chat = self.request.conversation
+        if chat is None:
+            return [system, {"role": "user", "content": prompts.goal_message(self.request)}], []
+        head = next((i for i, m in enumerate(chat) if m.get("role") != "system"), len(chat))
+        return [system, *chat[:head]], list(chat[head:])
 
     # --- model steps -------------------------------------------------------------------------
 
@@ -341,6 +275,7 @@ class _Invocation:
         phase = conversation.next_phase(self.settings.max_steps)
         offered = list(self.toolset.offered.values())
         tools = [tool_schema(spec) for spec in offered] if phase.offers_tools else []
+        tools += list(self.request.client_tools) if phase.offers_tools else []
         instruction: Message | None = None
         if phase.asks_to_finish:
             text = prompts.finishing_instruction(structured=self.output.structured)
@@ -352,7 +287,8 @@ class _Invocation:
         started = time.monotonic()
         try:
             response = await client.complete(self._chat_request(compaction, tools, instruction))
-        except ContextOverflow:
+        except ContextOverflow as exc:
+            self._judge_overflow(exc, compaction)
             # Once per step: shrink harder (and for the rest of the invocation), then re-issue.
             conversation.budget_tokens = max(
                 min(conversation.budget_tokens, compaction.tokens_after) // 2, 1
@@ -360,8 +296,8 @@ class _Invocation:
             compaction = await self._compact(conversation, tools, instruction, forced=True)
             try:
                 response = await client.complete(self._chat_request(compaction, tools, instruction))
-            except ContextOverflow:
-                return self._overflow_failure(compaction)
+            except ContextOverflow as again:
+                return self._overflow_failure(compaction, self._judge_overflow(again, compaction))
         return await self._record_model_step(
             conversation,
             phase,
@@ -419,16 +355,34 @@ class _Invocation:
             tools=tools,
             response_format=self.output.response_format,
             json_schema=self.output.schema,
+            stream=self.settings.stream,
         )
 
-    def _overflow_failure(self, compaction: Compaction) -> InvocationOutcome:
+    def _judge_overflow(self, exc: ContextOverflow, compaction: Compaction) -> OverflowVerdict:
+        """The verdict on a provider's overflow answer to a request of ``compaction``'s size;
+        one that cannot be true (a request clearly within the window) is a provider fault:
+        raises :class:`ModelTemporarilyUnavailable`, so the run retries under its model wait
+        bound instead of failing with ``context_overflow``."""
+        window = self.settings.context_window_tokens
+        if isinstance(exc, EndpointOverflow):
+            window = exc.context_window
+        verdict = judge_overflow(str(exc), compaction.tokens_after, window)
+        if not verdict.real:
+            raise misreported_overflow(exc, verdict)
+        return verdict
+
+    def _overflow_failure(
+        self, compaction: Compaction, verdict: OverflowVerdict
+    ) -> InvocationOutcome:
         return InvocationOutcome(
             kind=OutcomeKind.FAILED,
             code="context_overflow",
             reason=(
                 "The conversation does not fit the model's context window even after a forced "
-                f"compaction (about {compaction.tokens_after:,} tokens were sent)."
+                f"compaction (about {compaction.tokens_after:,} tokens were sent; the overflow "
+                f"is judged real: {verdict.why})."
             ),
+            output=verdict.data(),
         )
 
     async def _record_model_step(
@@ -475,7 +429,9 @@ class _Invocation:
             cost=response.cost,
             duration_ms=duration_ms,
         )
-        return ModelEntry(seq, phase, message, calls_of(message), request)
+        names = [str((t.get("function") or {}).get("name")) for t in self.request.client_tools]
+        calls, client = split_client_calls(calls_of(message), names, self.toolset.offered)
+        return ModelEntry(seq, phase, message, calls, request, client_calls=client)
 
 
 class _Stepper:
@@ -503,7 +459,7 @@ class _Stepper:
         conversation.model_steps += 1
         conversation.correcting = False
         conversation.history.append(entry.message)
-        if not entry.calls:
+        if not entry.calls and not entry.client_calls:
             # A final answer; one that was followed by a correction request is history.
             return await self._conclude(entry) if is_last else None
         validated = self.log.validated(entry)
@@ -527,6 +483,10 @@ class _Stepper:
             )
         for index, call in enumerate(entry.calls):
             conversation.history.append(tool_message(call, settlement.results[index]))
+        if entry.client_calls:  # the client runs these: its next request carries the results
+            handed = [assistant_call(call) for call in entry.client_calls]
+            output = {"text": entry.text, "client_tool_calls": handed}
+            return InvocationOutcome(kind=OutcomeKind.COMPLETED, output=output)
         return None
 
     def _replay_settled(self, entry: ModelEntry, validated: dict[int, ValidArguments]) -> bool:
@@ -550,6 +510,23 @@ class _Stepper:
         return True
 
     async def _conclude(self, entry: ModelEntry) -> InvocationOutcome | None:
+        outcome = await self._concluded(entry)
+        cap = self.run.settings.step_cap
+        ran_out = self.conversation.model_steps >= self.run.settings.max_steps
+        if outcome is None or outcome.kind != OutcomeKind.FAILED or cap is None or not ran_out:
+            return outcome
+        # The invocation ran out of the steps the harness allowed, without a usable answer.
+        return InvocationOutcome(
+            kind=OutcomeKind.FAILED,
+            code=f"harness_limit:{RECURSION_LIMIT}",
+            reason=(
+                f"{cap_label(cap)}: the invocation ran out of model steps after "
+                f"{self.conversation.model_steps}; {outcome.reason}"
+            ),
+            output=dict(cap),
+        )
+
+    async def _concluded(self, entry: ModelEntry) -> InvocationOutcome | None:
         output_format = self.run.output
         if not output_format.structured and not entry.text.strip():
             return InvocationOutcome(

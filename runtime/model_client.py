@@ -24,6 +24,7 @@ without a request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,13 +32,20 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2
 
 from runtime import http_lite, model_pool, outbound, outbound_http
 from runtime.breaker import CircuitAdmission, CircuitBreaker, Verdict
-from runtime.model_config import EndpointConfig, RetryPolicy
+from runtime.model_config import (
+    EndpointConfig,
+    EndpointFailure,
+    EndpointOverflow,
+    EndpointsFailed,
+    RetryPolicy,
+)
 from runtime.model_wire import EndpointError, build_body, error_from_payload, parse_response
 from runtime.outbound import OutboundPolicy
 from runtime.scripted import ScriptedModelClient, load_script
@@ -58,9 +66,12 @@ from runtime.streaming import (
     TextCallback,
     route_stream,
 )
-from runtime.types import ChatRequest, ChatResponse, ContextOverflow, ModelCallFailed, ModelClient
+from runtime.types import ChatRequest, ChatResponse, ContextOverflow, ModelClient
 
 logger = logging.getLogger(__name__)
+
+#: How long the rest of a streamed body after ``[DONE]`` is read for (see ``_drain``).
+DRAIN_SECONDS = 1.0
 
 # httpcore's DEBUG trace prints response headers verbatim, and providers and proxies do echo
 # credentials back in headers; a DEBUG log level must not turn that into a leaked key. Pin the
@@ -114,10 +125,15 @@ class OpenAICompatibleClient:
         return f"<OpenAICompatibleClient endpoint={self.config.name!r} mode={self.stream_mode}>"
 
     async def complete(
-        self, request: ChatRequest, *, on_text: TextCallback | None = None
+        self,
+        request: ChatRequest,
+        *,
+        on_text: TextCallback | None = None,
+        on_reasoning: TextCallback | None = None,
     ) -> ChatResponse:
-        """One model step. Raises :class:`ContextOverflow` or :class:`ModelCallFailed`."""
-        sink = on_text or self.on_text
+        """One model step. Raises :class:`ContextOverflow` or :class:`ModelCallFailed`.
+        A streamed step hands released text to ``on_text`` and reasoning to ``on_reasoning``."""
+        sink = _Sinks(on_text or self.on_text, on_reasoning)
         try:
             return await self._complete_round(request, sink)
         except RoutedAsPlainText:
@@ -130,9 +146,7 @@ class OpenAICompatibleClient:
             self.stream_mode = "drain"
             return await self._complete_round(request, sink)
 
-    async def _complete_round(
-        self, request: ChatRequest, sink: TextCallback | None
-    ) -> ChatResponse:
+    async def _complete_round(self, request: ChatRequest, sink: _Sinks) -> ChatResponse:
         failures: list[EndpointError] = []
         async with self._http() as http:
             for target in self.config.chain():
@@ -167,17 +181,11 @@ class OpenAICompatibleClient:
         http: httpx2.AsyncClient,
         target: EndpointConfig,
         request: ChatRequest,
-        sink: TextCallback | None,
+        sink: _Sinks,
     ) -> ChatResponse:
         admission = await self._admit(target)
         if not admission.allowed:
-            raise EndpointError(
-                "transient",
-                f"circuit open, next probe in {admission.retry_in:.0f}s",
-                # Denied during a probe, retry_in is the probe's whole lease; the probe itself
-                # is over within one request timeout.
-                retry_after=min(admission.retry_in, target.timeout_seconds + 1),
-            )
+            raise _refusal(admission, target)
         # A probe is exactly one request: retrying it would hammer an endpoint that is down.
         attempts = 1 if admission.verdict is Verdict.PROBE else target.max_retries + 1
         failed: list[int] = []  # attempts of this call that failed
@@ -187,10 +195,21 @@ class OpenAICompatibleClient:
             )
         except EndpointError as err:
             await self._settle(admission, target, available=not err.exhausted)
-            if err.exhausted and self.breaker is not None and err.retry_after is None:
-                err.retry_after = target.circuit_cooldown_seconds  # the circuit is open now
+            if err.exhausted and self.breaker is not None:
+                # The circuit is open now: nobody may call before its next probe (a failed
+                # probe doubled the cooldown), whatever a Retry-After said.
+                after = await self.breaker.next_probe_in(target.breaker_key)
+                if after is not None:
+                    err.retry_after = after
+                elif err.retry_after is None:
+                    err.retry_after = target.circuit_cooldown_seconds
             raise
-        except (ContextOverflow, RoutedAsPlainText):
+        except ContextOverflow as exc:
+            await self._settle(admission, target, available=True)  # it answered
+            raise EndpointOverflow(
+                str(exc), endpoint=target.name, context_window=target.context_window
+            ) from exc
+        except RoutedAsPlainText:
             await self._settle(admission, target, available=True)  # it answered
             raise
         await self._settle(admission, target, available=True, failed_attempts=len(failed))
@@ -226,7 +245,7 @@ class OpenAICompatibleClient:
         http: httpx2.AsyncClient,
         target: EndpointConfig,
         request: ChatRequest,
-        sink: TextCallback | None,
+        sink: _Sinks,
         attempts: int,
         admission: CircuitAdmission,
         failed: list[int],
@@ -288,12 +307,13 @@ class OpenAICompatibleClient:
             err.exhausted = True
             raise err
 
-    def _router(self, request: ChatRequest, sink: TextCallback | None) -> StreamRouter:
+    def _router(self, request: ChatRequest, sink: _Sinks) -> StreamRouter:
         return StreamRouter(
             mode=self.stream_mode,
             tools_offered=bool(request.tools),
-            on_text=sink,
+            on_text=sink.text,
             window=self.auto_window_seconds,
+            on_reasoning=sink.reasoning,
         )
 
     async def _attempt(
@@ -346,6 +366,14 @@ class OpenAICompatibleClient:
             raise EndpointError("transient", detail) from None
 
 
+@dataclass(frozen=True)
+class _Sinks:
+    """Where one call's streamed text and reasoning go."""
+
+    text: TextCallback | None
+    reasoning: TextCallback | None = None
+
+
 def _current_policy() -> OutboundPolicy:
     return outbound.current_policy()
 
@@ -370,7 +398,17 @@ async def _stream(
             return parsed
         accumulator = StreamAccumulator()
         await route_stream(_chunks(source, key), accumulator, router)
-    return accumulator.response(endpoint=target.name, cost=target.cost)
+    return accumulator.response(endpoint=target.name, cost=target.cost, model=target.model)
+
+
+async def _drain(events: AsyncIterator[httpx2.ServerSentEvent]) -> None:
+    """Read what follows ``[DONE]`` (the body's end) so the connection goes back to the pool;
+    a response closed before its end is dropped, and the next call connects again. Bounded: a
+    server that keeps sending after ``[DONE]`` loses its connection instead."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in events:
+                pass
 
 
 def _is_json(response: httpx2.Response) -> bool:
@@ -378,6 +416,7 @@ def _is_json(response: httpx2.Response) -> bool:
 
 
 async def _replay(parsed: ChatResponse, router: StreamRouter) -> None:
+    await router.reasoning(parsed.reasoning_content)
     if parsed.tool_calls:
         await router.tool_call()
     await router.text(parsed.content, time.monotonic())
@@ -386,9 +425,11 @@ async def _replay(parsed: ChatResponse, router: StreamRouter) -> None:
 
 async def _chunks(source: httpx2.EventSource, key: Secret | None) -> AsyncIterator[dict[str, Any]]:
     finished = False
-    async for event in source:
+    events = aiter(source)
+    async for event in events:
         data = event.data.strip()
         if data == "[DONE]":
+            await _drain(events)
             return
         if not data:
             continue
@@ -406,14 +447,37 @@ async def _chunks(source: httpx2.EventSource, key: Secret | None) -> AsyncIterat
         raise EndpointError("transient", "stream ended before the answer was finished")
 
 
-def _all_failed(failures: list[EndpointError]) -> ModelCallFailed:
+class CircuitRefused(EndpointError):
+    """The endpoint's open circuit refused the call: no request was sent."""
+
+
+def _refusal(admission: CircuitAdmission, target: EndpointConfig) -> CircuitRefused:
+    """The failure of an endpoint whose breaker refused the call, with when to try again: the
+    next probe of an open breaker, or, while a probe is in flight, the end of that probe (one
+    request timeout; its lease is only how long a vanished holder keeps it)."""
+    if admission.probing:
+        after = min(admission.retry_in, target.timeout_seconds + 1)
+        detail = f"circuit half-open, a probe is in flight (its answer within {after:.0f}s)"
+    else:
+        after = admission.retry_in
+        detail = f"circuit open, next probe in {after:.0f}s"
+    return CircuitRefused("transient", detail, retry_after=after)
+
+
+def _all_failed(failures: list[EndpointError]) -> EndpointsFailed:
     retryable = any(f.kind == "transient" for f in failures)
     summary = "; ".join(f"{f.endpoint}: {f.detail}" for f in failures) or "no endpoint"
     hints = [f.retry_after for f in failures if f.retry_after is not None]
-    return ModelCallFailed(
+    return EndpointsFailed(
         f"model call failed ({summary})",
         retryable=retryable,
         retry_after=min(hints) if retryable and hints else None,
+        failures=tuple(
+            EndpointFailure(
+                f.endpoint, f.detail, f.kind == "transient", isinstance(f, CircuitRefused)
+            )
+            for f in failures
+        ),
     )
 
 

@@ -1,6 +1,8 @@
 """What a model call needs to know about an endpoint, with no database behind it: its
 parameters (:class:`ModelParams`, the camelCase ``params`` of the API), the endpoint and its
-failover chain (:class:`EndpointConfig`), the backoff between attempts (:class:`RetryPolicy`).
+failover chain (:class:`EndpointConfig`), the backoff between attempts (:class:`RetryPolicy`),
+and what a failed call says about its endpoints (:class:`EndpointsFailed`,
+:class:`EndpointOverflow`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.types import Usage
+from runtime.types import ContextOverflow, ModelCallFailed, Usage
 
 Provider = Literal["openai", "scripted"]
 RESERVED_BODY_KEYS = frozenset(
@@ -154,3 +156,48 @@ class RetryPolicy:
         # "Equal jitter": never less than half the step, so retries still back off, but spread
         # so that many workers hit by the same outage do not retry in lockstep.
         return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class EndpointFailure:
+    """How one endpoint of a call's chain failed (its text already redacted)."""
+
+    endpoint: str
+    detail: str
+    transient: bool
+    #: Refused by the endpoint's open circuit, without a request (``detail`` says when the
+    #: next probe is), so it says nothing new about the endpoint's own error.
+    circuit: bool = False
+
+
+class EndpointsFailed(ModelCallFailed):
+    """:class:`ModelCallFailed` of the HTTP client, with each endpoint's failure in chain
+    order."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        failures: tuple[EndpointFailure, ...] = (),
+    ) -> None:
+        super().__init__(message, retryable=retryable, retry_after=retry_after)
+        self.failures = failures
+
+    def last_error(self) -> EndpointFailure | None:
+        """The failure that says most about why no endpoint answered: the last one that came
+        from an endpoint's own answer (or its silence), else the last circuit refusal."""
+        answered = [f for f in self.failures if not f.circuit]
+        chosen = answered or list(self.failures)
+        return chosen[-1] if chosen else None
+
+
+class EndpointOverflow(ContextOverflow):
+    """:class:`ContextOverflow` from a named endpoint, with the context window configured for
+    it: what the loop weighs the provider's claim against."""
+
+    def __init__(self, message: str, *, endpoint: str, context_window: int) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.context_window = context_window

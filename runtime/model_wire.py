@@ -120,6 +120,8 @@ def build_body(request: ChatRequest, target: EndpointConfig) -> dict[str, Any]:
     if response_format:
         body["response_format"] = response_format
     body.update(target.params.extra_fields)
+    if request.temperature is not None:  # the caller's value wins for this request
+        body["temperature"] = request.temperature
     if request.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

@@ -32,6 +32,10 @@ _COMMON = (
 
 
 def default_system_prompt(request: InvocationRequest) -> str:
+    """The role's text and the common rules; a request-scoped chat (``conversation``) has no
+    loop role, only the rules."""
+    if request.conversation is not None:
+        return _COMMON
     return f"{_ROLE_TEXT.get(request.role, _ROLE_TEXT[LoopRole.MAKER])}\n\n{_COMMON}"
 
 

@@ -16,6 +16,8 @@ When a tool call arrives after text was already released (a long GLM-style pream
 ``auto`` or ``firstContent``), the router raises :class:`RoutedAsPlainText`; the client then
 upgrades itself to ``drain`` and re-runs the round (self-healing).
 
+Reasoning deltas are never held: they go to the router's ``on_reasoning`` as they arrive.
+
 :class:`StreamAccumulator` assembles the response: text, reasoning, usage, and tool calls whose
 id, name and argument fragments arrive spread over many chunks, keyed by ``index``.
 """
@@ -134,14 +136,18 @@ class StreamAccumulator:
             for index, call in sorted(self.calls.items())
         ]
 
-    def response(self, *, endpoint: str, cost: Callable[[Usage], float]) -> ChatResponse:
+    def response(
+        self, *, endpoint: str, cost: Callable[[Usage], float], model: str = ""
+    ) -> ChatResponse:
+        """The assembled answer, as ``parse_completion`` gives a non-streamed one (``model`` is
+        the fallback when no chunk named one)."""
         return ChatResponse(
             content="".join(self.content),
             tool_calls=self.tool_calls(),
             reasoning_content="".join(self.reasoning),
             usage=self.usage,
             finish_reason=self.finish_reason,
-            model=self.model,
+            model=self.model or model,
             endpoint=endpoint,
             cost=cost(self.usage),
         )
@@ -174,11 +180,14 @@ class StreamRouter:
         tools_offered: bool,
         on_text: TextCallback | None,
         window: float = DEFAULT_AUTO_WINDOW_SECONDS,
+        on_reasoning: TextCallback | None = None,
     ) -> None:
         # Pure-conversation rounds cannot be misjudged: they always stream in real time.
         self.mode: StreamMode = mode if tools_offered else "firstContent"
         self.tools_offered = tools_offered
         self.on_text = on_text
+        #: Reasoning deltas go here as they arrive, never held (they are not the answer).
+        self.on_reasoning = on_reasoning
         self.window = window
         self.route = Route.UNDECIDED
         self.held: list[str] = []
@@ -201,6 +210,9 @@ class StreamRouter:
         else:  # WATCHING
             self.held.append(delta)
             await self.tick(now)
+
+    async def reasoning(self, delta: str) -> None:
+        await emit(self.on_reasoning, delta)
 
     async def tool_call(self) -> None:
         if self.route is Route.TEXT and self.tools_offered:
@@ -255,6 +267,7 @@ async def route_stream(
                 continue
             assert isinstance(item, dict)
             delta = accumulator.feed(item)
+            await router.reasoning(delta.reasoning)
             # Tool calls first: a chunk carrying both is a tool-call chunk, not plain text.
             if delta.tool_call:
                 await router.tool_call()

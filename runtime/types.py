@@ -57,12 +57,15 @@ ResponseFormat = Literal["text", "json_object", "json_schema"]
 class ChatRequest:
     messages: list[Message]
     tools: list[dict[str, Any]] = field(default_factory=list)
-    #: None leaves the provider's default; "none" forbids tool use in this step.
-    tool_choice: str | None = None
+    #: None leaves the provider's default; "none" forbids tool use in this step; also the
+    #: OpenAI object form ``{"type": "function", "function": {"name": ...}}``.
+    tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat = "text"
     json_schema: dict[str, Any] | None = None
     stream: bool = False
     max_tokens: int | None = None
+    #: This request's sampling temperature (over the endpoint's ``params``); None: theirs.
+    temperature: float | None = None
 
 
 class ContextOverflow(Exception):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.config import SandboxConfig
+from sandbox.egress import FORWARDER_NAME, SANDBOX_EGRESS_SOCKET, proxy_env
 from sandbox.nodestdio import node_stdio_args
 from sandbox.types import (
     NODE_RESERVED_ADDRESS_SPACE,
@@ -177,6 +178,12 @@ def bwrap_launch(
     code_path = f"{SANDBOX_CODE_DIR}/{CODE_NAMES[request.language]}"
     if program is None:
         program = interpreter_argv(config, request.language, code_path, address_space)
+    env = program_env(request, home=SANDBOX_WORKDIR, tmpdir=SANDBOX_TMP)
+    egress = egress_enabled(request)
+    if egress:
+        forwarder = f"{SANDBOX_CODE_DIR}/{FORWARDER_NAME}"
+        program = [config.python_path, "-I", "-S", "-B", forwarder, *program]
+        env.update(proxy_env())
     inner = limits_argv(request.limits, address_space) + program
     options = bwrap_options(
         config=config,
@@ -184,14 +191,45 @@ def bwrap_launch(
         code_path=code_path,
         share_net=request.network == "allow",
         tmpfs_bytes=request.limits.tmpfs_bytes,
-        env=program_env(request, home=SANDBOX_WORKDIR, tmpdir=SANDBOX_TMP),
+        env=env,
         seccomp_fd=seccomp_fd,
+        extra_mounts=mask_options(request) + egress_options(request, rundir),
     )
     options += ["--json-status-fd", str(status_fd)]
     private = None if rundir.bind_point is None else (rundir.work, rundir.bind_point)
     prefix = host_prefix(config, uid, private)
     argv = [*prefix, config.bwrap_path, "--args", str(args_fd), "--", *inner]
     return Launch(argv=argv, env={}, cwd="/", bwrap_options=options_blob(options))
+
+
+def egress_enabled(request: SandboxRequest) -> bool:
+    """Whether the program runs behind the egress forwarder (``restricted`` with a proxy)."""
+    return request.network == "restricted" and request.egress_socket is not None
+
+
+def mask_options(request: SandboxRequest) -> list[str]:
+    """Hide the denied paths of a borrowed work dir (the harness's ``paths.deny``): an empty
+    tmpfs over a directory (what the program writes there vanishes with the sandbox) and
+    ``/dev/null`` read-only over a file (reads are empty, writes fail)."""
+    options: list[str] = []
+    for relative in request.mask_dirs:
+        options += ["--tmpfs", f"{SANDBOX_WORKDIR}/{relative}"]
+    for relative in request.mask_files:
+        options += ["--ro-bind", "/dev/null", f"{SANDBOX_WORKDIR}/{relative}"]
+    return options
+
+
+def egress_options(request: SandboxRequest, rundir: RunDir) -> list[str]:
+    if not egress_enabled(request):
+        return []
+    return [
+        "--bind",
+        str(request.egress_socket),
+        SANDBOX_EGRESS_SOCKET,
+        "--ro-bind",
+        str(rundir.root / FORWARDER_NAME),
+        f"{SANDBOX_CODE_DIR}/{FORWARDER_NAME}",
+    ]
 
 
 def rlimit_launch(
@@ -216,6 +254,7 @@ def bwrap_options(
     tmpfs_bytes: int,
     env: Mapping[str, str],
     seccomp_fd: int | None,
+    extra_mounts: list[str] | None = None,
 ) -> list[str]:
     """bubblewrap's options (everything between the program name and ``--``)."""
     argv = _namespace_args(share_net)
@@ -225,6 +264,8 @@ def bwrap_options(
     argv += _scratch_mounts(tmpfs_bytes)
     argv += ["--bind", str(rundir.bind_point or rundir.work), SANDBOX_WORKDIR]
     argv += ["--ro-bind", str(rundir.code), code_path]
+    # After the work dir's bind (masks sit on top of it), before / becomes read-only.
+    argv += extra_mounts or []
     argv += ["--chdir", SANDBOX_WORKDIR, "--remount-ro", "/"]
     for key, value in env.items():
         argv += ["--setenv", key, value]

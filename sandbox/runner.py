@@ -28,8 +28,9 @@ import signal
 import time
 from dataclasses import dataclass
 
-from sandbox.command import Launch, bwrap_launch, rlimit_launch
+from sandbox.command import Launch, bwrap_launch, egress_enabled, rlimit_launch
 from sandbox.config import SandboxConfig
+from sandbox.egress import FORWARDER_NAME, forwarder_source
 from sandbox.kills import RunKiller
 from sandbox.launchfds import LaunchFds, launch_fds, sandbox_init
 from sandbox.probe import BackendProbe, probe_backend
@@ -127,8 +128,10 @@ async def run_sandboxed_async(
     probe = await _probe(config)
     backend, notes = _select_backend(request, config, probe)
     _require_interpreter(config, request)
-    if request.network == "restricted":
-        notes.append("network 'restricted' (allowlisting proxy) is not implemented: denied")
+    if request.network == "restricted" and request.egress_socket is None:
+        notes.append("network 'restricted' without an egress proxy socket: denied")
+    elif request.network == "restricted" and backend == "rlimit-only":
+        notes.append("network 'restricted' is not enforced by the rlimit-only backend")
     deadline = time.monotonic() + request.timeout_seconds
     async with uid_slot(config, deadline) as slot:
         uid = slot.uid if slot is not None else None
@@ -213,6 +216,8 @@ async def _run_in(
     if backend == "rlimit-only":
         launch = rlimit_launch(config=config, request=request, rundir=rundir, uid=uid)
         return await _execute(launch, request, uid=uid, fds=None, meter=meter)
+    if egress_enabled(request):
+        await asyncio.to_thread(_write_forwarder, rundir)
     with launch_fds(probe.seccomp_error is None) as fds:
         launch = bwrap_launch(
             config=config,
@@ -225,6 +230,12 @@ async def _run_in(
         )
         fds.fill_args(launch)
         return await _execute(launch, request, uid=uid, fds=fds, meter=meter)
+
+
+def _write_forwarder(rundir: RunDir) -> None:
+    path = rundir.root / FORWARDER_NAME
+    path.write_text(forwarder_source())
+    path.chmod(0o444)
 
 
 # --- one execution ---------------------------------------------------------------------------

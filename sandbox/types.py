@@ -109,8 +109,13 @@ class SandboxRequest:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     #: Per stream; the program is killed when either stream passes it.
     output_cap_bytes: int = 1 * MiB
-    #: "restricted" (egress through an allowlisting proxy) is not built yet: treated as "deny".
+    #: "deny": no network namespace shared; "allow": the host network; "restricted": only
+    #: HTTP(S) through the host's allowlisting proxy at ``egress_socket`` (without a socket,
+    #: "restricted" is run as "deny" with a note).
     network: Network = "deny"
+    #: Host path of the Unix socket of an allowlisting HTTP(S) proxy (runtime.egress_proxy);
+    #: bound into the sandbox and reached through an in-sandbox forwarder on 127.0.0.1.
+    egress_socket: str | None = None
     #: fnmatch pattern over paths relative to ``out/`` in the working directory ("*" matches
     #: "/" too); None collects nothing.
     collect_outputs: str | None = None
@@ -123,6 +128,10 @@ class SandboxRequest:
     #: fresh one: bound read-write at /workdir, handed to the run's uid for the run and back
     #: to its owner afterwards (the agent's ``bash`` tool). No input files, nothing collected.
     workdir: str | None = None
+    #: ``workdir``-relative directories hidden behind an empty tmpfs (writes discarded) and
+    #: files hidden behind ``/dev/null`` (read-only): the harness's ``paths.deny``.
+    mask_dirs: tuple[str, ...] = ()
+    mask_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.language not in ("python", "node"):
@@ -148,6 +157,7 @@ class SandboxRequest:
             raise SandboxRequestError("collect_outputs may not contain NUL")
         if self.workdir is not None:
             _validate_workdir(self)
+        _validate_masks_and_egress(self)
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,16 @@ def _validate_workdir(request: SandboxRequest) -> None:
         raise SandboxRequestError(f"workdir must be an absolute path: {workdir!r}")
     if request.files or request.collect_outputs is not None:
         raise SandboxRequestError("an existing workdir takes no input or output files")
+
+
+def _validate_masks_and_egress(request: SandboxRequest) -> None:
+    if (request.mask_dirs or request.mask_files) and request.workdir is None:
+        raise SandboxRequestError("masks apply only to an existing workdir")
+    for path in (*request.mask_dirs, *request.mask_files):
+        validate_relative_path(path)
+    socket = request.egress_socket
+    if socket is not None and ("\x00" in socket or not PurePosixPath(socket).is_absolute()):
+        raise SandboxRequestError("egress_socket must be an absolute path")
 
 
 def _validate_env(key: str, value: str) -> None:

@@ -23,7 +23,8 @@ step() { printf '\n==> %s\n' "$*"; }
 run_pytest() {  # $1 = label, then the command prefix (env settings) for pytest
   local label=$1 rc=0
   shift
-  "$@" pytest -n 2 ${PYTEST_ARGS:-} || rc=$?
+  # --durations: the slowest tests in every log, to keep CI well under its time budget.
+  "$@" pytest -n 2 --durations=20 ${PYTEST_ARGS:-} || rc=$?
   if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests for $label: that is a failure" >&2
   fi
@@ -63,8 +64,11 @@ run_pytest "SQLite suite" env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL 
 
 start_services
 if pg_up && redis_up; then
-  step "tests on PostgreSQL + Redis"
+  # The tests that touch neither a database nor Redis answered for good in the SQLite phase
+  # (tests/support/phases.py); this phase runs the rest again on the servers.
+  step "tests on PostgreSQL + Redis (those that touch a database or Redis)"
   run_pytest "PostgreSQL + Redis suite" env LOOPWRIGHT_VAR_DIR="$PWD/var/test-postgres" \
+    LOOPWRIGHT_TEST_PHASE=services \
     DATABASE_URL="$PG_URL" CELERY_BROKER_URL="$REDIS_BASE/2" REDIS_URL="$REDIS_BASE/2"
 else
   msg="PostgreSQL + Redis suite NOT RUN: no PostgreSQL at 127.0.0.1:5432 or no Redis at 127.0.0.1:6379"

@@ -8,8 +8,12 @@ from typing import Any
 import django_filters
 from django.conf import settings
 from django.http import HttpResponse
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -19,9 +23,16 @@ from rest_framework.response import Response
 
 from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsOperator, IsViewer, ReadOrOperator
-from orchestrator.errors import Conflict, InvalidInput, NotFound
+from orchestrator.errors import Conflict, NotFound
+from orchestrator.pagination import bounded_int
 from skillhub.catalog import TEMPLATES
-from skillhub.models import ExecutionStatus, Skill, SkillExecution, SkillLoopConfig
+from skillhub.models import (
+    TOOL_NAME_PATTERN,
+    ExecutionStatus,
+    Skill,
+    SkillExecution,
+    SkillLoopConfig,
+)
 from skillhub.serializers import (
     ExecutionDetailSerializer,
     ExecutionEventSerializer,
@@ -45,22 +56,41 @@ from skillhub.services.skills import skill_create, skill_delete, skill_update
 from skillhub.streams import EventStreamRenderer, execution_event_stream
 
 _PROBLEM = OpenApiResponse(description="application/problem+json")
+#: One server-sent event of an execution's stream (the schema applies to each event).
+_STREAM_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["event", "done", "bye", "error"]},
+        "id": {"type": "string"},
+        "data": {"type": "string", "description": "JSON"},
+    },
+    "required": ["event", "data"],
+}
 
 
 def _after(value: str | None) -> int:
-    """The ``after`` cursor: a sequence number (0 = from the start)."""
-    if value in (None, ""):
-        return 0
-    if not str(value).isdigit():
-        raise InvalidInput(
-            "after must be a non-negative integer (an event seq)",
-            errors=[
-                {"pointer": "/after", "detail": "not a non-negative integer", "code": "invalid"}
-            ],
-        )
-    return int(str(value))
+    """The ``after`` cursor: a sequence number (0 = from the start), within a 64-bit integer."""
+    return bounded_int({"after": value}, "after", default=0, low=0, high=2**63 - 1)
 
 
+#: ``tool_name`` in a path: what a skill may be named (the collection's actions, camelCase, never
+#: match it).
+_TOOL_NAME = OpenApiParameter(
+    "tool_name",
+    {"type": "string", "pattern": TOOL_NAME_PATTERN},
+    OpenApiParameter.PATH,
+    description="The skill's tool name.",
+)
+
+
+@extend_schema_view(
+    retrieve=extend_schema(parameters=[_TOOL_NAME]),
+    update=extend_schema(parameters=[_TOOL_NAME]),
+    partial_update=extend_schema(parameters=[_TOOL_NAME]),
+    destroy=extend_schema(parameters=[_TOOL_NAME]),
+    test=extend_schema(parameters=[_TOOL_NAME]),
+    review=extend_schema(parameters=[_TOOL_NAME]),
+)
 class SkillViewSet(viewsets.ModelViewSet[Skill]):
     """Skill definitions, addressed by their immutable ``tool_name``."""
 
@@ -115,23 +145,44 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
         return Response(ExecutionDetailSerializer(finished).data, status=code)
 
     @extend_schema(responses={200: TemplateSerializer(many=True)})
-    @action(detail=False, methods=["get"], url_path="listTemplates", permission_classes=[IsViewer])
+    @action(
+        detail=False,
+        methods=["get"],
+        url_path="listTemplates",
+        permission_classes=[IsViewer],
+        pagination_class=None,
+        filter_backends=[],
+    )
     def list_templates(self, request: Request) -> Response:
         """Starter templates (``listTemplates``): valid skill definitions to copy."""
         return Response(TEMPLATES)
 
     @extend_schema(responses={200: McpToolSerializer(many=True)})
-    @action(detail=False, methods=["get"], url_path="mcpListTools", permission_classes=[IsViewer])
+    @action(
+        detail=False,
+        methods=["get"],
+        url_path="mcpListTools",
+        permission_classes=[IsViewer],
+        pagination_class=None,
+        filter_backends=[],
+    )
     def mcp_list_tools(self, request: Request) -> Response:
         """The enabled skills as MCP tools ``{name, description, inputSchema}``."""
         return Response(mcp_list_tools(Caller.for_user(request.user)))
 
     @extend_schema(
         request=McpCallSerializer,
-        responses={200: McpContentSerializer, 400: _PROBLEM, 403: _PROBLEM, 429: _PROBLEM},
+        responses={
+            200: McpContentSerializer,
+            400: _PROBLEM,
+            403: _PROBLEM,
+            404: _PROBLEM,
+            429: _PROBLEM,
+        },
         description=(
             "Run a skill as an MCP `tools/call` would and return MCP content: the output text and "
-            "a manifest of output files; `isError` when the program failed or was killed."
+            "a manifest of output files; `isError` when the program failed or was killed. 404 "
+            "when no skill has that name."
         ),
     )
     @action(detail=False, methods=["post"], url_path="mcpCallTool", permission_classes=[IsOperator])
@@ -224,6 +275,14 @@ class ExecutionViewSet(
     def get_serializer_class(self) -> type[ExecutionSerializer]:
         return ExecutionDetailSerializer if self.action == "retrieve" else ExecutionSerializer
 
+    def handle_exception(self, exc: Exception) -> Response:
+        """A refusal rendered for an EventSource client (an SSE ``error`` event) says so in
+        its content type, not problem+json."""
+        response = super().handle_exception(exc)
+        if isinstance(getattr(self.request, "accepted_renderer", None), EventStreamRenderer):
+            response.content_type = f"{EventStreamRenderer.media_type}; charset=utf-8"
+        return response
+
     def get_object(self) -> SkillExecution:
         try:
             uuid.UUID(str(self.kwargs.get("pk")))
@@ -297,7 +356,7 @@ class ExecutionViewSet(
         ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(
-                response=OpenApiTypes.STR,
+                response=_STREAM_EVENT,
                 description="`event: event` per execution event (`id:` its seq, `data:` the "
                 "event as JSON), then `event: done` with the final status; the stream ends "
                 "when the execution is finished, or after `SSE_MAX_SECONDS` with `event: bye` "

@@ -31,6 +31,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from orchestrator.accounts.services import api_token_resolve
 from orchestrator.errors import DomainError
+from orchestrator.jsonlimits import JsonRefused, loads_bounded
 from skillhub.services.access import Caller
 from skillhub.services.calls import mcp_call_tool, mcp_list_tools
 
@@ -150,26 +151,97 @@ class BearerAuth:
 
 
 async def _unauthorized(send: Any) -> None:
-    body = json.dumps(
-        {
-            "type": "/problems/not-authenticated",
-            "title": "Authentication required",
-            "status": 401,
-            "detail": "The MCP endpoint needs an API token: Authorization: Bearer <token>.",
-        }
-    ).encode()
+    detail = "The MCP endpoint needs an API token: Authorization: Bearer <token>."
+    await _send_problem(
+        send,
+        {"type": "/problems/not-authenticated", "title": "Authentication required"},
+        401,
+        detail,
+        [(b"www-authenticate", b'Bearer realm="loopwright"')],
+    )
+
+
+async def _send_problem(
+    send: Any,
+    kind: dict[str, Any],
+    status: int,
+    detail: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    body = json.dumps({**kind, "status": status, "detail": detail}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 401,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/problem+json"),
-                (b"www-authenticate", b'Bearer realm="loopwright"'),
+                *(headers or []),
                 (b"content-length", str(len(body)).encode()),
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class BoundedBody:
+    """ASGI middleware: the request body read whole, at most ``LOOPWRIGHT_MAX_BODY_BYTES``
+    (413 beyond), and a JSON body held to :mod:`orchestrator.jsonlimits` (400 naming the
+    place: depth, NUL characters, surrogates) before the SDK parses it; then replayed."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        limit = int(settings.LOOPWRIGHT_MAX_BODY_BYTES)
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                kind = {"type": "/problems/payload-too-large", "title": "Request body too large"}
+                detail = f"The request body is larger than {limit} bytes, the limit."
+                await _send_problem(send, {**kind, "limit_bytes": limit}, 413, detail)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body"))
+        body = b"".join(chunks)
+        refused = _refused(body)
+        if refused is not None:
+            kind = {"type": "/problems/validation-error", "title": "Invalid input"}
+            where = refused.pointer or "/"
+            item = {"pointer": where, "detail": refused.detail, "code": refused.code}
+            await _send_problem(send, {**kind, "errors": [item]}, 400, refused.detail)
+            return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return dict(await receive())
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def _refused(body: bytes) -> JsonRefused | None:
+    """The bounds' refusal of a JSON body; None when within them or not JSON at all (the SDK
+    answers its own parse error)."""
+    try:
+        loads_bounded(body.decode("utf-8"))
+    except JsonRefused as exc:
+        return exc
+    except ValueError:
+        return None
+    return None
 
 
 class McpEndpoint:
@@ -199,4 +271,4 @@ def mcp_asgi() -> tuple[ASGIApp, McpEndpoint]:
     """The authenticated ASGI app of the MCP endpoint, and the endpoint whose ``running()``
     the hosting app's lifespan must enter."""
     endpoint = McpEndpoint()
-    return BearerAuth(endpoint), endpoint
+    return BearerAuth(BoundedBody(endpoint)), endpoint

@@ -119,6 +119,8 @@ class SkillExecution(models.Model):
     timeout_seconds = models.PositiveIntegerField()
     output_cap_bytes = models.PositiveBigIntegerField()
     network = models.CharField(max_length=10, default="deny")
+    #: The hosts a ``restricted`` network may reach (the caller's ``isolation.allowedHosts``).
+    allowed_hosts = models.JSONField(default=list, blank=True)
     #: The skill's declared packages, checked in the sandbox before the program runs.
     packages = models.JSONField(default=list, blank=True)
     status = models.CharField(

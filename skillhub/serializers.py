@@ -8,6 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from orchestrator.strict import StrictModelSerializer, StrictSerializer
 from skillhub.models import (
     ExecutionStatus,
     Skill,
@@ -28,7 +29,7 @@ _SKILL_FIELDS = [
 ]  # fmt: skip
 
 
-class SkillSerializer(serializers.ModelSerializer[Skill]):
+class SkillSerializer(StrictModelSerializer[Skill]):
     tool_name = serializers.CharField(
         max_length=48,
         help_text="Immutable name; agents call the skill as `skill_hub_<tool_name>`.",
@@ -79,7 +80,7 @@ class SkillUpdateSerializer(SkillSerializer):
     input_schema = serializers.JSONField(required=False)
 
 
-class SkillTestSerializer(serializers.Serializer[Any]):
+class SkillTestSerializer(StrictSerializer):
     inputs = serializers.JSONField(default=dict, help_text="Arguments matching input_schema.")
     wait_seconds = serializers.FloatField(
         default=None,
@@ -90,7 +91,7 @@ class SkillTestSerializer(serializers.Serializer[Any]):
     )
 
 
-class OutputFileSerializer(serializers.ModelSerializer[SkillOutputFile]):
+class OutputFileSerializer(StrictModelSerializer[SkillOutputFile]):
     downloadable = serializers.SerializerMethodField()
 
     class Meta:
@@ -101,7 +102,7 @@ class OutputFileSerializer(serializers.ModelSerializer[SkillOutputFile]):
         return f.data is not None
 
 
-class ExecutionSerializer(serializers.ModelSerializer[SkillExecution]):
+class ExecutionSerializer(StrictModelSerializer[SkillExecution]):
     status = serializers.ChoiceField(choices=ExecutionStatus.choices, read_only=True)
     output_files = OutputFileSerializer(many=True, read_only=True)
 
@@ -122,7 +123,7 @@ class ExecutionDetailSerializer(ExecutionSerializer):
         read_only_fields = fields
 
 
-class ExecutionEventSerializer(serializers.ModelSerializer[SkillExecutionEvent]):
+class ExecutionEventSerializer(StrictModelSerializer[SkillExecutionEvent]):
     """One event; ``data`` depends on ``type`` (docs/skills.md, Progress events)."""
 
     class Meta:
@@ -131,24 +132,24 @@ class ExecutionEventSerializer(serializers.ModelSerializer[SkillExecutionEvent])
         read_only_fields = fields
 
 
-class McpToolSerializer(serializers.Serializer[Any]):
+class McpToolSerializer(StrictSerializer):
     name = serializers.CharField()
     description = serializers.CharField()
     inputSchema = serializers.JSONField()
 
 
-class McpCallSerializer(serializers.Serializer[Any]):
+class McpCallSerializer(StrictSerializer):
     name = serializers.CharField(help_text="The skill's tool_name (or skill_hub_<tool_name>).")
     arguments = serializers.JSONField(default=dict)
 
 
-class McpContentSerializer(serializers.Serializer[Any]):
+class McpContentSerializer(StrictSerializer):
     content = serializers.ListField(child=serializers.JSONField())
     isError = serializers.BooleanField()
     structuredContent = serializers.JSONField()
 
 
-class TemplateSerializer(serializers.Serializer[Any]):
+class TemplateSerializer(StrictSerializer):
     key = serializers.CharField()
     title = serializers.CharField()
     language = serializers.CharField()
@@ -156,7 +157,7 @@ class TemplateSerializer(serializers.Serializer[Any]):
     input_schema = serializers.JSONField()
 
 
-class GitSourceSerializer(serializers.Serializer[Any]):
+class GitSourceSerializer(StrictSerializer):
     repository = serializers.CharField(
         max_length=1000,
         help_text="An https:// Git URL (schemes and hosts: LOOPWRIGHT_GIT_SCHEMES, _HOSTS).",
@@ -167,7 +168,7 @@ class GitSourceSerializer(serializers.Serializer[Any]):
     )
 
 
-class LoopConfigSerializer(serializers.ModelSerializer[SkillLoopConfig]):
+class LoopConfigSerializer(StrictModelSerializer[SkillLoopConfig]):
     class Meta:
         model = SkillLoopConfig
         fields = ["requires_review", "review_prompt", "review_schema", "updated_at"]

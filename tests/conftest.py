@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from loops import db
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
+from tests.support.phases import deselect_server_agnostic
 from tests.support.write_paths import EXACT, FAST
 
 PERSONAS: dict[str, tuple[Role, ...]] = {
@@ -71,3 +72,7 @@ def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     with db.exact_path_forced():
         yield EXACT
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    deselect_server_agnostic(config, items)

@@ -16,7 +16,16 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "frontend", "loops", "skillhub", "harness", "runtime", "sandbox")
+PACKAGES = (
+    "orchestrator",
+    "frontend",
+    "loops",
+    "skillhub",
+    "gateway",
+    "harness",
+    "runtime",
+    "sandbox",
+)
 MAX_LINES = 600
 #: Django's own conventions: every management command is a ``Command``, every migration a
 #: ``Migration``.

@@ -22,7 +22,6 @@ NEAR = Decimal("0.8")
 LABELS = {
     "invocations": "Invocations",
     "toolCalls": "Tool calls",
-    "delegations": "Delegations",
     "verifications": "Verifications",
     "tokens": "Tokens",
     "cost": "Cost",

@@ -13,7 +13,7 @@ from frontend.forms import PatternForm, TriggerForm, add_service_errors
 from frontend.selectors import patterns, policies
 from frontend.templatetags.ui import short_id
 from loops.services.patterns import pattern_create, pattern_update
-from loops.services.runs import run_trigger
+from loops.services.runs import run_harness_notices, run_trigger
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError, InvalidInput
 
@@ -80,18 +80,30 @@ def pattern_edit_view(request: HttpRequest, key: str) -> HttpResponse:
 
 @ui_view(methods=("GET", "POST"), write=Role.OPERATOR, form_page=True)
 def pattern_trigger_view(request: HttpRequest, key: str) -> HttpResponse:
-    """Start a run now with the inputs typed as a JSON object, then show it."""
+    """Start a run now with the inputs (and optional harness overrides) typed as JSON objects,
+    then show it; overrides that were not applied are named in a warning and on the run page."""
     pattern = patterns.pattern_detail(key)
     form = TriggerForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
             run = run_trigger(
-                pattern=pattern, actor=actor_of(request), inputs=form.cleaned_data["inputs"] or {}
+                pattern=pattern,
+                actor=actor_of(request),
+                inputs=form.cleaned_data["inputs"] or {},
+                harness_overrides=form.cleaned_data.get("harness_overrides"),
             )
         except DomainError as exc:
             _refuse(form, exc, fallback="inputs")
         else:
             messages.success(request, f"Run {short_id(run.id)} of {pattern.key} started.")
+            notices = run_harness_notices(run)
+            if notices:
+                fields = ", ".join(sorted({str(n["field"]) for n in notices}))
+                messages.warning(
+                    request,
+                    f"Harness overrides looser than an earlier layer were not applied ({fields}); "
+                    "the run page lists what each role got and which layer set it.",
+                )
             return redirect("ui:run", run_id=run.id)
     status = 400 if form.is_bound else 200
     context = {"form": form, "pattern": pattern}

@@ -115,6 +115,10 @@ def policy_publish(request: HttpRequest, tag: str) -> HttpResponse:
         )
     except DomainError as exc:
         messages.error(request, exc.detail)
+        # A refused publish (the registration check) names every pattern, role and tool.
+        for error in exc.extra.get("errors") or []:
+            if error.get("pattern"):
+                messages.error(request, f"Pattern {error['pattern']}: {error['detail']}")
     else:
         messages.success(request, f"Version {published.version} of {tag} is now published.")
     return redirect("ui:policy", tag=profile.tag)

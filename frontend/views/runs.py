@@ -18,7 +18,7 @@ from frontend.templatetags.ui import short_id
 from frontend.views.approvals import run_approvals
 from loops import state
 from loops.models import LoopRun, RunStatus
-from loops.services.runs import run_act, run_retry
+from loops.services.runs import run_act, run_harness_notices, run_retry
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError
 
@@ -110,6 +110,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "groups": runs.group_steps(steps, run.role_bindings or {}),
         "events": events,
         "snapshots": _snapshots(run),
+        "harness_notices": run_harness_notices(run),
         "last_event_seq": events[-1].seq if events else 0,
         "last_step_seq": steps[-1].seq if steps else 0,
         "open_steps": ",".join(str(s.seq) for s in steps if s.status in runs.OPEN_STEP_STATUSES),

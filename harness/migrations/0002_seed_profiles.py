@@ -1,15 +1,14 @@
 """Seed the profiles every installation starts with: default, safe and file-heavy.
 
-The settings are written out here (not imported) so this migration stays what it was when it
-ran; later changes to a seeded profile are new versions. docs/harness.md explains each choice.
-Tool names are the builtin tools of runtime/tools (read, list, write, edit) and the
-knowledge search tool external_rag_search.
+The settings are written out here (not imported); later changes to a seeded profile are new
+versions. docs/harness.md explains each choice. Tool names are the builtin tools of
+runtime/tools (read, list, write, edit, bash). Sections whose feature is not built yet (memory,
+delegation, observability) are left out: the platform keeps them off. (Installations migrated
+before issue 18 got other values here; 0003 publishes a version without them.)
 """
 
 from django.db import migrations
 from django.utils import timezone
-
-ALL_SCOPES = ["agent_user", "public", "user"]
 
 SEEDS = {
     "default": {
@@ -25,8 +24,6 @@ SEEDS = {
                 "effects": {},
                 "trustedPreHandlerTools": [],
             },
-            "memory": {"enabled": True, "scopes": ALL_SCOPES, "maxChars": 8000},
-            "delegation": {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 5},
             "limits": {
                 "timeoutMs": 1_800_000,
                 "recursionLimit": 25,
@@ -35,61 +32,51 @@ SEEDS = {
                 "maxTokens": 500_000,
                 "maxCost": 10.0,
             },
+            "paths": {"deny": []},
             "isolation": {
                 "mode": "none",
                 "requireWorktree": False,
-                "allowedConnectors": ["*"],
+                "allowedConnectors": [],
                 "networkAccess": "restricted",
-            },
-            "observability": {
-                "enabled": True,
-                "tracingRetentionDays": 30,
-                "captureInputs": True,
-                "captureOutputs": True,
+                "allowedHosts": [],
             },
         },
     },
     "safe": {
         "description": (
-            "Verifiers and untrusted work: read-only tools, file writes denied, no delegation, "
-            "no network, no connectors, tight limits."
+            "Verifiers and untrusted work: read-only tools, file writes denied, no network, "
+            "few model steps per invocation."
         ),
         "settings": {
             "tools": {
-                "allow": ["external_rag_search", "list", "read"],
+                "allow": ["list", "read"],
                 "ask": [],
                 "deny": ["edit", "write"],
                 "effects": {},
                 "trustedPreHandlerTools": [],
             },
-            "memory": {"enabled": True, "scopes": ["public"], "maxChars": 4000},
-            "delegation": {"allowedEmployees": [], "maxDepth": 0, "maxCount": 0},
             "limits": {
-                "timeoutMs": 600_000,
+                "timeoutMs": 3_600_000,
                 "recursionLimit": 12,
-                "maxInvocations": 10,
-                "maxToolCalls": 50,
-                "maxTokens": 200_000,
-                "maxCost": 2.0,
+                "maxInvocations": 100,
+                "maxToolCalls": 1000,
+                "maxTokens": 1_500_000,
+                "maxCost": 25.0,
             },
+            "paths": {"deny": [], "maxFiles": 0},
             "isolation": {
                 "mode": "none",
                 "requireWorktree": False,
                 "allowedConnectors": [],
                 "networkAccess": "deny",
-            },
-            "observability": {
-                "enabled": True,
-                "tracingRetentionDays": 90,
-                "captureInputs": True,
-                "captureOutputs": True,
+                "allowedHosts": [],
             },
         },
     },
     "file-heavy": {
         "description": (
             "Makers that edit many files: runs in its own git worktree (required), file writes "
-            "inside it need no approval, larger limits, file contents kept out of traces."
+            "inside it need no approval (at autonomy L2 or L3), larger limits."
         ),
         "settings": {
             "tools": {
@@ -99,8 +86,6 @@ SEEDS = {
                 "effects": {},
                 "trustedPreHandlerTools": ["edit", "write"],
             },
-            "memory": {"enabled": True, "scopes": ALL_SCOPES, "maxChars": 16000},
-            "delegation": {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 10},
             "limits": {
                 "timeoutMs": 3_600_000,
                 "recursionLimit": 50,
@@ -109,17 +94,13 @@ SEEDS = {
                 "maxTokens": 1_500_000,
                 "maxCost": 25.0,
             },
+            "paths": {"deny": []},
             "isolation": {
                 "mode": "worktree",
                 "requireWorktree": True,
-                "allowedConnectors": ["*"],
+                "allowedConnectors": [],
                 "networkAccess": "restricted",
-            },
-            "observability": {
-                "enabled": True,
-                "tracingRetentionDays": 30,
-                "captureInputs": True,
-                "captureOutputs": False,
+                "allowedHosts": [],
             },
         },
     },

@@ -176,6 +176,14 @@ def _lock(approval_id: uuid.UUID) -> tuple[ActionApproval, LoopRun]:
     return ActionApproval.objects.select_for_update().get(pk=approval_id), run
 
 
+def approval_check_decider(*, approval_id: uuid.UUID, user: Any) -> None:
+    """Raise NotAnApprover unless ``user`` may decide this approval (no lock, no write): the
+    view asks before it reads the body, so who may act is answered before what was sent."""
+    approval = ActionApproval.objects.select_related("run").get(pk=approval_id)
+    if not _may_decide(user, approval.run):
+        raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
+
+
 @transaction.atomic
 def approval_decide(
     *, approval_id: uuid.UUID, user: Any, decision: str, input: Any = None, reason: str = ""

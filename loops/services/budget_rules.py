@@ -8,7 +8,8 @@ import functools
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from loops.policy import Budget, PatternPolicy, ToolLoopPolicy
-from runtime.invocation import BudgetExhausted
+from loops.services.harness_limits import HarnessBound
+from runtime.invocation import BudgetExhausted, RunHalted
 
-COUNTED = ("invocations", "toolCalls", "delegations", "verifications")
+COUNTED = ("invocations", "toolCalls", "verifications")
 
 METERED = ("tokens", "cost")
 
@@ -26,8 +28,6 @@ METRICS = (*COUNTED, *METERED)
 
 PER_RUN, DAILY = "perRun", "daily"
 
-#: Tools whose calls are delegations to another employee (counted as tool calls too).
-DELEGATION_TOOLS = frozenset({"dispatch_sub_agent_task"})
 
 #: A parallel model call is admitted only while the headroom covers this many times the
 #: largest call charged today for every call in flight (calls grow as conversations do).
@@ -129,6 +129,8 @@ class Exhausted:
     metric: str
     used: Decimal
     limit: Decimal
+    #: The harness setting that decided this per-run limit (the run then fails, not blocks).
+    bound: HarnessBound | None = None
 
     @property
     def code(self) -> str:
@@ -149,7 +151,9 @@ class Exhausted:
             "limit": number(self.metric, self.limit),
         }
 
-    def error(self) -> BudgetExhausted:
+    def error(self) -> RunHalted:
+        if self.bound is not None:
+            return self.bound.reached(self.metric, self.used)
         return BudgetExhausted(self.reason, code=self.code, data=self.data())
 
 
@@ -166,6 +170,12 @@ class RunLimits:
     #: MD5s of the two JSON texts the limits were read from, as the database renders them
     #: (None when they came decoded): ``budget_sql.fence_unchanged_sql`` proves them unchanged.
     fingerprint: tuple[str, str] | None = None
+    #: Per-run metrics whose limit a harness setting decided (``harness_limits.tightened``).
+    harness: Mapping[str, HarnessBound] = field(default_factory=dict, compare=False)
+
+    def bound(self, kind: str, metric: str) -> HarnessBound | None:
+        """The harness setting behind the ``kind`` limit of ``metric``, if one decided it."""
+        return self.harness.get(metric) if kind == PER_RUN else None
 
     def sections(self) -> list[tuple[str, str, dict[str, Decimal]]]:
         """(kind, scope, limits), per-run first: the order buckets are always touched in."""
@@ -177,8 +187,8 @@ def metered(limits: RunLimits) -> bool:
     return any(m in limits.per_run or m in limits.daily for m in METERED)
 
 
-def tool_call_amounts(name: str) -> dict[str, int]:
-    return {"toolCalls": 1, **({"delegations": 1} if name in DELEGATION_TOOLS else {})}
+#: What a tool call's start counts.
+TOOL_CALL_AMOUNTS: dict[str, int] = {"toolCalls": 1}
 
 
 def invocation_amounts(role: str) -> dict[str, int]:

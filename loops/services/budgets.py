@@ -1,6 +1,6 @@
 """Budgets: per-run and daily (per pattern) limits, counted in usage buckets.
 
-Six metrics (``PatternPolicy.budgets``): ``invocations``, ``toolCalls``, ``delegations`` and
+Five metrics (``PatternPolicy.budgets``): ``invocations``, ``toolCalls`` and
 ``verifications`` are *counted* (one unit each, known before the thing starts); ``tokens`` and
 ``cost`` are *metered* (known only after a model call). Usage lives in ``UsageBucket`` rows keyed
 by scope and metric: ``run:<run id>`` for the run's own usage and ``pattern:<pattern pk>:<UTC
@@ -12,8 +12,8 @@ When each is counted, always in the same fenced transaction as the journal write
 
 * an invocation when the engine starts it (``invocation.started`` event; a resumed invocation
   is not counted again); the verifier's invocation also counts a verification;
-* a tool call when its step begins or is gated (``toolCalls``; a call of a delegation tool
-  also counts ``delegations``); a re-issued call after a crash is the same step, not counted;
+* a tool call when its step begins or is gated (``toolCalls``); a re-issued call after a
+  crash is the same step, not counted;
 * tokens and cost when a model step is recorded (and any a tool step reports on completion).
 
 Counted metrics take their unit with a conditional ``UPDATE … WHERE value <= limit - n``, so
@@ -73,6 +73,7 @@ from loops.services.budget_rules import (
     spent_message,
 )
 from loops.services.budget_sql import fence_limits_sql
+from loops.services.harness_limits import HarnessLimits, tightened
 from loops.services.transitions import Lease, run_event_append
 from orchestrator.errors import Conflict, InvalidInput
 from orchestrator.sql import execute, fetch_all
@@ -154,13 +155,14 @@ def _upsert(scope: str, metric: str, n: Decimal, limit: Decimal | None) -> bool:
 
 
 def _take(
-    kind: str, scope: str, metric: str, n: Decimal, limit: Decimal | None
+    limits: RunLimits, kind: str, scope: str, metric: str, n: Decimal, limit: Decimal | None
 ) -> Exhausted | None:
     """Add ``n`` unless that would pass ``limit``; else what the budget stands at."""
     if _upsert(scope, metric, n, limit):
         return None
     assert limit is not None
-    return Exhausted(kind, scope, metric, usage(scope, [metric])[metric], limit)
+    used = usage(scope, [metric])[metric]
+    return Exhausted(kind, scope, metric, used, limit, limits.bound(kind, metric))
 
 
 def _add_many(rows: list[tuple[str, str, Decimal]]) -> None:
@@ -196,7 +198,8 @@ def budget_take(limits: RunLimits, amounts: Mapping[str, int]) -> None:
         return
     for kind, scope, bounds in sections:
         for metric in sorted(amounts):
-            refused = _take(kind, scope, metric, amount(amounts[metric]), bounds.get(metric))
+            n, limit = amount(amounts[metric]), bounds.get(metric)
+            refused = _take(limits, kind, scope, metric, n, limit)
             if refused is not None:
                 raise refused.error()
 
@@ -210,7 +213,8 @@ def require_room(limits: RunLimits, metrics: Iterable[str] = METERED) -> None:
             continue
         for metric, used in usage(scope, bounded).items():
             if not has_room(used, bounds[metric]):
-                raise Exhausted(kind, scope, metric, used, bounds[metric]).error()
+                bound = limits.bound(kind, metric)
+                raise Exhausted(kind, scope, metric, used, bounds[metric], bound).error()
 
 
 def budget_charge(
@@ -247,8 +251,13 @@ def budget_invocation_start(lease: Lease, *, role: str, invocation: str) -> bool
 
 
 @transaction.atomic
-def budget_invocation_begin(lease: Lease, *, role: str, invocation: str) -> InvocationStart:
-    """:func:`budget_invocation_start`, also saying whether model calls need admission."""
+def budget_invocation_begin(
+    lease: Lease, *, role: str, invocation: str, harness: HarnessLimits | None = None
+) -> InvocationStart:
+    """:func:`budget_invocation_start`, also saying whether model calls need admission.
+
+    ``harness``: the role's harness limits, judged with the budgets (``harness_limits``); the
+    start's answer carries the run's own limits, as if there were none."""
     # Read before the fence: only the lease holder writes this event, and every earlier
     # holder's writes committed before our claim did (the claim waits for their row lock).
     started = LoopEvent.objects.filter(
@@ -265,8 +274,9 @@ def budget_invocation_begin(lease: Lease, *, role: str, invocation: str) -> Invo
         data={"invocation": invocation, "role": role},
     )
     # The counts last (a refusal rolls the event back): shared rows are locked briefly.
-    budget_take(limits, invocation_amounts(role))
-    require_room(limits)
+    judged = tightened(limits, harness)
+    budget_take(judged, invocation_amounts(role))
+    require_room(judged)
     return InvocationStart(started=True, metered=metered(limits), steps=steps, limits=limits)
 
 
@@ -293,14 +303,17 @@ def budget_admit_model_call(lease: Lease) -> float | None:
 
 
 @transaction.atomic
-def budget_admission(lease: Lease) -> BudgetAdmission:
+def budget_admission(lease: Lease, harness: HarnessLimits | None = None) -> BudgetAdmission:
     """:func:`budget_admit_model_call`, also saying whether any metered limit binds the run.
 
     A run bound by none needs no admission (nothing can be used up, nothing is shared): the
     engine's journal then skips asking before each model call, re-asking at least every
     ``ADMISSION_RECHECK_SECONDS`` (a daily limit may be added to the pattern meanwhile; the
-    run's own limits can only be raised or removed)."""
+    run's own limits can only be raised or removed). ``harness``: the role's harness limits,
+    judged with the run's own (the journal passes them when its tally nears one)."""
     _, _, limits = fenced_limits(lease)
+    if harness is not None and harness.bounds:
+        require_room(tightened(limits, harness))
     wait = _admit(lease, limits)
     return BudgetAdmission(wait=wait, metered=metered(limits))
 
@@ -347,8 +360,9 @@ def daily_budget_refusal(pattern: LoopPattern, now: datetime | None = None) -> s
 
 
 def _raised_limits(current: Budget, raised: Budget) -> dict[str, dict[str, Any]]:
-    """metric → {from, to} for every metric the request sets (``to`` None: no limit any
-    more); refuses any lowering, naming every offending metric."""
+    """metric → {from, to} for every metric the request changes (``to`` None: no limit any
+    more; a metric set to its current limit is no change); refuses any lowering, naming every
+    offending metric."""
     changes: dict[str, dict[str, Any]] = {}
     errors = []
     for metric in sorted(raised.model_fields_set):
@@ -356,7 +370,7 @@ def _raised_limits(current: Budget, raised: Budget) -> dict[str, dict[str, Any]]
         problem = raise_problem(metric, old, new)
         if problem:
             errors.append({"pointer": f"/perRun/{metric}", "detail": problem, "code": "lower"})
-        else:
+        elif old != new:
             changes[metric] = {"from": old, "to": new}
     if errors:
         raise InvalidInput(f"Budgets can only be raised: {errors[0]['detail']}.", errors=errors)
@@ -378,7 +392,8 @@ def run_budget_raise(*, run_id: uuid.UUID, per_run: Any, actor: str) -> LoopRun:
     Only raising is allowed: every given metric gets a limit at least as high as the run's, or
     ``null`` for no limit (to hold a run back, pause or cancel it instead). A run that is still
     going sees the new limits at its next check; a blocked run continues after ``resume``.
-    Daily limits belong to the pattern: raise them by updating the pattern's policy.
+    Daily limits belong to the pattern: raise them by updating the pattern's policy. A request
+    that changes no limit writes nothing (no ``budget.raised`` event).
     """
     run = LoopRun.objects.select_for_update().get(pk=run_id)
     if run.status in {s.value for s in state.TERMINAL}:
@@ -396,6 +411,8 @@ def run_budget_raise(*, run_id: uuid.UUID, per_run: Any, actor: str) -> LoopRun:
     budgets = dict(snapshot.get("budgets") or {})
     current = _parse_budget(budgets.get("perRun") or {})
     changes = _raised_limits(current, raised)
+    if not changes:
+        return run
     merged = current.model_copy(update={m: c["to"] for m, c in changes.items()})
     budgets["perRun"] = merged.model_dump(mode="json")
     snapshot["budgets"] = budgets

@@ -8,6 +8,12 @@ already exists (its cursor has a ``workdir``): it goes ``queued â†’ preparing â†
 ``verifying``) in the same statement, both events written, its cursor given its ``workdir``.
 The statement returns what the engine would otherwise read back (``RUN_COLUMNS``), and the
 texts the run's limits are read from, so the first invocation's start needs no read of them.
+
+A run in a wait (``wait`` not empty) is claimed quietly, as ``claims._claim_exact`` claims it:
+its claim is one more poll of the wait and writes no ``lease.claimed``; a run in a lock wait is
+never started by the claim (its start after the locks are taken ends the wait, which the
+engine's transition records), and a run in a model wait that needs no preparation starts its
+next try quietly (no ``run.started`` either).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ RUN_COLUMNS = (
     "policy_snapshot",
     "repository_snapshot",
     "cursor",
-    "lock_wait_since",
+    "wait",
 )
 JSON_COLUMNS = frozenset(
     {
@@ -42,6 +48,7 @@ JSON_COLUMNS = frozenset(
         "policy_snapshot",
         "repository_snapshot",
         "cursor",
+        "wait",
     }
 )
 
@@ -57,7 +64,9 @@ _READY = (
 
 _CLAIM = f"""
 WITH picked AS (
-    SELECT r.id, r.status, {_READY} AS ready, p.policy AS pattern_policy
+    SELECT r.id, r.status, p.policy AS pattern_policy,
+           {_READY} AND COALESCE(r.wait->>'kind', '') <> 'lock' AS ready,
+           r.wait <> '{{{{}}}}'::jsonb AS quiet
     FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id
     WHERE r.status IN ('queued', 'waiting_lock')
       AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
@@ -77,9 +86,9 @@ taken AS (
         heartbeat_at = clock_timestamp(),
         attempts = r.attempts + 1,
         started_at = COALESCE(r.started_at, clock_timestamp()),
-        event_seq = r.event_seq + CASE WHEN picked.ready THEN 2 ELSE 1 END,
+        event_seq = r.event_seq + CASE WHEN picked.quiet THEN 0
+                                       WHEN picked.ready THEN 2 ELSE 1 END,
         updated_at = clock_timestamp(),
-        lock_wait_since = NULL,
         cursor = CASE WHEN picked.ready AND NOT r.cursor ? 'workdir'
                       THEN jsonb_set(r.cursor, '{{{{workdir}}}}',
                                      to_jsonb(%s || CAST(r.id AS TEXT)))
@@ -87,7 +96,7 @@ taken AS (
     FROM picked WHERE r.id = picked.id
     RETURNING r.id, picked.status AS previous, r.status, r.lease_token, r.event_seq,
               r.attempts, {", ".join(f"r.{c}" for c in RUN_COLUMNS)},
-              r.pattern_id, picked.pattern_policy
+              r.pattern_id, picked.pattern_policy, picked.quiet
 ),
 claimed AS (
     INSERT INTO loops_loopevent (run_id, seq, type, from_status, to_status, actor, data,
@@ -95,14 +104,14 @@ claimed AS (
     SELECT id, event_seq - CASE WHEN status = 'preparing' THEN 0 ELSE 1 END, 'lease.claimed',
            previous, 'preparing', %s,
            jsonb_build_object('token', lease_token, 'attempt', attempts), %s
-    FROM taken
+    FROM taken WHERE NOT quiet
 ),
 started AS (
     INSERT INTO loops_loopevent (run_id, seq, type, from_status, to_status, actor, data,
                                  created_at)
     SELECT id, event_seq, 'run.started', 'preparing', status, %s,
            jsonb_build_object('workdir', cursor->>'workdir'), %s
-    FROM taken WHERE status <> 'preparing'
+    FROM taken WHERE status <> 'preparing' AND NOT quiet
 )
 SELECT id, previous, status, lease_token, attempts, {", ".join(RUN_COLUMNS)},
        pattern_id, pattern_policy

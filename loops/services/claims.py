@@ -3,11 +3,13 @@
 One transaction claims a batch: it picks claimable runs (``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL; SQLite serialises writers), skips patterns at their concurrency limit (re-counted
 under the pattern's row lock, so two claimers cannot both take the last slot), then sets owner,
-expiry (database clock) and a new token, and appends one event per claimed run.
+expiry (database clock) and a new token, and appends one event per claimed run, except for a
+run in a wait (``LoopRun.wait``): its claim is one more poll of the wait and writes no event.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -61,20 +63,27 @@ class Claimed:
 
 def _candidates(
     limit: int, run_ids: Sequence[uuid.UUID] | None
-) -> list[tuple[Any, str, int, int | None]]:
+) -> tuple[list[tuple[Any, str, int, int | None]], set[str]]:
+    """The candidates (id, status, pattern, its limit), and the ids of those in a wait."""
     rows = fetch_all(*_candidates_sql(limit, run_ids))
-    return [(row[0], row[1], row[2], row[3]) for row in rows]
+    waiting = {str(_as_uuid(row[0])) for row in rows if _in_wait(row[4])}
+    return [(row[0], row[1], row[2], row[3]) for row in rows], waiting
+
+
+def _in_wait(value: Any) -> bool:
+    """Is a ``wait`` column as the database returned it (a dict, or JSON text) a wait?"""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    return bool(value)
 
 
 def _candidates_sql(limit: int, run_ids: Sequence[uuid.UUID] | None) -> tuple[str, list[Any]]:
     """Claimable runs (of ``run_ids`` only, when given), locked (skipping those another
-    claimer holds): id, status, pattern, its concurrency limit, and the lease token, event seq
-    and attempts the claim raises."""
+    claimer holds): id, status, pattern, its concurrency limit and the run's wait record."""
     in_flight = placeholders(_IN_FLIGHT)
     where_id = f"AND r.id IN ({placeholders(run_ids)}) " if run_ids is not None else ""
     sql = (
-        "SELECT r.id, r.status, r.pattern_id, p.max_concurrency, r.lease_token, r.event_seq, "
-        "r.attempts "
+        "SELECT r.id, r.status, r.pattern_id, p.max_concurrency, r.wait "
         "FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id "
         f"WHERE r.status IN ({placeholders(_CLAIMABLE)}) "
         f"AND (r.not_before IS NULL OR r.not_before <= {now_sql()}) "
@@ -112,24 +121,29 @@ def _within_concurrency(rows: list[tuple[Any, str, int, int | None]]) -> list[tu
     return accepted
 
 
-def _take(owner: str, lease_seconds: float, ids: list[Any]) -> list[tuple[Any, int, int, int]]:
-    sql, params = _take_sql(owner, lease_seconds, ids)
+def _take(
+    owner: str, lease_seconds: float, ids: list[Any], quiet: list[Any]
+) -> list[tuple[Any, int, int, int]]:
+    sql, params = _take_sql(owner, lease_seconds, ids, quiet)
     rows = fetch_all(f"{sql} RETURNING id, lease_token, event_seq, attempts", params)
     return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
 
 
-def _take_sql(owner: str, lease_seconds: float, ids: list[Any]) -> tuple[str, list[Any]]:
+def _take_sql(
+    owner: str, lease_seconds: float, ids: list[Any], quiet: list[Any]
+) -> tuple[str, list[Any]]:
     """The lease on locked candidates: owner, a new token (+1), expiry on the database
-    clock, one more attempt and one more event."""
+    clock, one more attempt and one more event (none for the ``quiet`` ones: runs in a wait)."""
     now = now_sql()
+    events = f"CASE WHEN id IN ({placeholders(quiet)}) THEN 0 ELSE 1 END" if quiet else "1"
     sql = (
         "UPDATE loops_looprun SET status = %s, lease_owner = %s, lease_token = lease_token + 1, "
         f"lease_expires_at = {now_plus_sql()}, heartbeat_at = {now}, "
         f"attempts = attempts + 1, started_at = COALESCE(started_at, {now}), "
-        f"event_seq = event_seq + 1, updated_at = {now}, lock_wait_since = NULL "
+        f"event_seq = event_seq + {events}, updated_at = {now} "
         f"WHERE id IN ({placeholders(ids)})"
     )
-    return sql, [RunStatus.PREPARING.value, owner, seconds_param(lease_seconds), *ids]
+    return sql, [RunStatus.PREPARING.value, owner, seconds_param(lease_seconds), *quiet, *ids]
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
@@ -213,16 +227,19 @@ def _claim_exact(
     *, owner: str, lease_seconds: float, limit: int, run_ids: Sequence[uuid.UUID] | None
 ) -> list[Claimed]:
     """:func:`run_claim`, concurrency limits counted under the patterns' row locks."""
-    accepted = _within_concurrency(_candidates(limit, run_ids))
+    candidates, waiting = _candidates(limit, run_ids)
+    accepted = _within_concurrency(candidates)
     if not accepted:
         return []
     from_status = {str(_as_uuid(rid)): status for rid, status in accepted}
-    taken = _take(owner, lease_seconds, [rid for rid, _ in accepted])
+    quiet = [rid for rid, _ in accepted if str(_as_uuid(rid)) in waiting]
+    taken = _take(owner, lease_seconds, [rid for rid, _ in accepted], quiet)
     events, claims = [], []
     for rid, token, seq, attempts in taken:
         lease = Lease(_as_uuid(rid), owner, token)
         previous = from_status[str(lease.run_id)]
-        events.append(_claimed_event(lease, previous, seq, attempts))
+        if str(lease.run_id) not in waiting:
+            events.append(_claimed_event(lease, previous, seq, attempts))
         claims.append(Claimed(lease, previous, attempts))
     LoopEvent.objects.bulk_create(events)
     return claims

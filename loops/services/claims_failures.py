@@ -9,7 +9,9 @@ attempt that ends otherwise ends in one of two ways, and the run records which:
   queue after a short delay, keeping its attempt count, or fails once the count is spent.
 
 When the attempts are spent, :func:`exhaustion_reason` says what happened in them, counted from
-the run's events since the streak began, instead of calling every ending a stopped worker.
+the run's events since the streak began, instead of calling every ending a stopped worker. A
+claim within a wait writes no ``lease.claimed``, so the streak is bounded by the attempt numbers
+the endings carry as well as by the claims that were logged.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def describe_error(exc: BaseException) -> str:
 
 def attempt_endings(run_id: uuid.UUID, attempts: int) -> AttemptEndings:
     """The endings recorded for the run's last ``attempts`` claims (the current streak),
-    read back from its events to the claim that began the streak."""
+    read back from its events to the claim that began the streak: the logged claim with
+    attempt 1, the ``attempts``-th logged claim back, or an ending whose attempt number is not
+    below the one after it (it ended an attempt of an earlier streak)."""
     endings = AttemptEndings()
     events = (
         LoopEvent.objects.filter(
@@ -58,18 +62,36 @@ def attempt_endings(run_id: uuid.UUID, attempts: int) -> AttemptEndings:
         .order_by("-seq")
         .values_list("type", "data")
     )
-    claims = 0
+    claims, later = 0, attempts
     for kind, data in events.iterator(chunk_size=100):
         info: dict[str, Any] = data or {}
-        if kind == "lease.expired":
-            endings.deaths += 1
-        elif kind == "driver.error":
-            endings.errors.append(str(info.get("error") or "an unknown error"))
-        else:
+        if kind == "lease.claimed":
             claims += 1
             if claims >= attempts or int(info.get("attempt") or 0) <= 1:
                 break
+            continue
+        number = _attempt_of(kind, info)
+        if number is not None and number >= later:
+            break
+        if kind == "lease.expired":
+            endings.deaths += 1
+        else:
+            endings.errors.append(str(info.get("error") or "an unknown error"))
+        if number is not None:
+            if number <= 1:
+                break
+            later = number
     return endings
+
+
+def _attempt_of(kind: str, info: dict[str, Any]) -> int | None:
+    """The attempt an ending event ended (``driver.error``: ``attempt``, ``lease.expired``:
+    ``attempts``), when it says."""
+    value = info.get("attempt" if kind == "driver.error" else "attempts")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _times(count: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import connection, transaction
 
@@ -72,6 +73,17 @@ def path_locks_acquire(
         ]
     )
     return []
+
+
+def lock_wait_detail(conflicts: list[dict[str, str]]) -> dict[str, Any]:
+    """What a run waiting for path locks waits on (its wait record's ``detail``): the paths it
+    wants that are held, the held paths, the runs holding them, and each conflict."""
+    return {
+        "paths": sorted({c["path"] for c in conflicts}),
+        "held": sorted({c["held"] for c in conflicts}),
+        "held_by": sorted({c["run"] for c in conflicts}),
+        "conflicts": conflicts,
+    }
 
 
 def path_locks_release(*, run_id: uuid.UUID) -> list[str]:

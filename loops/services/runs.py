@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from harness.services import harness_snapshot
+from harness.compile import layer_parse, not_applied
+from harness.services import HarnessCompilation, harness_compile_for, layer_stored
 from loops import state
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus, TriggerType
 from loops.policy import PatternPolicy, parse_policy
@@ -20,6 +21,7 @@ from loops.services.endings import run_transition
 from loops.services.nudges import nudge_run
 from loops.services.transitions import Lease, run_event_append
 from loops.templates import render_goal
+from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict
 from runtime.invocation import LeaseLost
 
@@ -32,34 +34,82 @@ def role_bindings_of(pattern: LoopPattern) -> dict[str, Any]:
     }
 
 
-def role_harness_snapshots(
+@dataclass(frozen=True)
+class RoleHarness:
+    """Each role's compiled harness snapshot, and what the run's overrides asked for that an
+    earlier layer did not allow (``[{role, employee, field, asked, got, decidedBy}]``)."""
+
+    snapshots: dict[str, Any]
+    notices: list[dict[str, Any]]
+
+
+def harness_overrides_validated(data: Any) -> dict[str, Any] | None:
+    """A run's harness overrides as the run layer stores them, or None for none (absent or
+    ``{}``). InvalidInput with pointers ``/harness_overrides/<section>/<key>`` otherwise."""
+    if data is None:
+        return None
+    return layer_stored(data, "harness_overrides", "harness overrides") or None
+
+
+def _employee_layers(usernames: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """username → (harness_tag, inline harness) of the employees that carry any."""
+    rows = Employee.objects.filter(username__in=usernames).values_list(
+        "username", "harness_tag", "harness"
+    )
+    return {name: (tag, harness or {}) for name, tag, harness in rows if tag or harness}
+
+
+def role_harness_compile(
     pattern: LoopPattern, policy: PatternPolicy, overrides: dict[str, Any] | None
-) -> dict[str, Any]:
-    """Compile each role's harness now; the run keeps these snapshots for its whole life.
+) -> RoleHarness:
+    """Compile each role's harness now: platform → the role's profile → the pattern's layer →
+    the employee's profile and inline layers (if any) → the run's overrides (validated, see
+    :func:`harness_overrides_validated`). The run keeps the snapshots for its whole life; the
+    harness preview API answers exactly these.
 
-    The roles' layers differ only in their profile (no employee layer is stacked), so each
-    profile is compiled once and every role of it gets its own copy."""
-    compiled: dict[str, dict[str, Any]] = {}
+    Roles whose employee carries no layer of its own differ only in their profile, so each
+    such profile is compiled once and every role of it gets its own copy."""
+    overrides = harness_overrides_validated(overrides)
+    run_layer = layer_parse("run", overrides) if overrides else None
+    bindings = role_bindings_of(pattern)
+    employees = _employee_layers([bindings["leader"], *bindings["makers"], bindings["verifier"]])
+    compiled: dict[tuple[str, str | None], HarnessCompilation] = {}
+    notices: list[dict[str, Any]] = []
 
-    def compile_for(tag: str, employee: str) -> dict[str, Any]:
-        if tag not in compiled:
-            compiled[tag] = harness_snapshot(
+    def compile_for(role: str, tag: str, employee: str) -> dict[str, Any]:
+        own_tag, own_layer = employees.get(employee, ("", {}))
+        key = (tag, employee if employee in employees else None)
+        if key not in compiled:
+            compiled[key] = harness_compile_for(
                 tag=tag,
                 pattern_layer=policy.harness or None,
                 employee_username=employee,
-                employee_layer=None,
-                run_overrides=overrides or None,
+                employee_profile=own_tag or None,
+                employee_layer=own_layer or None,
+                run_overrides=overrides,
             )
-        return copy.deepcopy(compiled[tag])
+        compilation = compiled[key]
+        if run_layer is not None:
+            found = not_applied(compilation.compiled, run_layer)
+            notices.extend({"role": role, "employee": employee, **n} for n in found)
+        return compilation.snapshot()  # fresh data: no two roles share a dict
 
-    return {
-        "leader": compile_for(pattern.leader_harness_tag, pattern.leader_username),
+    snapshots = {
+        "leader": compile_for("leader", pattern.leader_harness_tag, bindings["leader"]),
         "makers": {
-            maker: compile_for(pattern.maker_harness_tag, maker)
-            for maker in (pattern.maker_usernames or [])
+            maker: compile_for("maker", pattern.maker_harness_tag, maker)
+            for maker in bindings["makers"]
         },
-        "verifier": compile_for(pattern.verifier_harness_tag, pattern.verifier_username),
+        "verifier": compile_for("verifier", pattern.verifier_harness_tag, bindings["verifier"]),
     }
+    return RoleHarness(snapshots, notices)
+
+
+def role_harness_snapshots(
+    pattern: LoopPattern, policy: PatternPolicy, overrides: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The snapshots of :func:`role_harness_compile`."""
+    return role_harness_compile(pattern, policy, overrides).snapshots
 
 
 def repository_snapshot_of(pattern: LoopPattern) -> dict[str, Any]:
@@ -89,11 +139,17 @@ def run_trigger(
     refused (409) the same way: a disabled pattern, a spent daily budget, an open circuit
     breaker (``breaker_open_until``). When the breaker's cooldown is over, the run started here
     is its half-open probe (the breaker row stays locked until this transaction commits).
+
+    ``harness_overrides`` is the run's own harness layer (stacked last; it can only tighten).
+    What it asked for that an earlier layer did not allow is listed in the ``run.created``
+    event (``overrides_not_applied``) and on the returned run (``harness_notices``).
     """
     if not pattern.enabled:
         raise Conflict(f"Pattern {pattern.key!r} is disabled; enable it to start runs.")
     inputs = dict(inputs or {})
     policy = parse_policy(pattern.policy)
+    overrides = harness_overrides_validated(harness_overrides)
+    harness = role_harness_compile(pattern, policy, overrides)
     _refuse_when_spent(pattern)
     probe = breaker_admit_trigger(pattern)
     goal = render_goal(
@@ -115,21 +171,29 @@ def run_trigger(
         goal=goal,
         autonomy_level=pattern.autonomy_level,
         role_bindings=role_bindings_of(pattern),
-        harness_snapshots=role_harness_snapshots(pattern, policy, harness_overrides),
+        harness_snapshots=harness.snapshots,
         policy_snapshot=policy.model_dump(mode="json"),
         repository_snapshot=repository_snapshot_of(pattern),
         max_attempts=policy.maxAttempts,
         event_seq=1,
         retry_of=retry_of,
     )
+    data: dict[str, Any] = {
+        "trigger": trigger_type,
+        "ref": trigger_ref,
+        "pattern_version": pattern.version,
+    }
+    if overrides is not None:
+        data.update(harness_overrides=overrides, overrides_not_applied=harness.notices)
     LoopEvent.objects.create(
         run=run,
         seq=1,
         type="run.created",
         to_status=RunStatus.QUEUED,
         actor=actor,
-        data={"trigger": trigger_type, "ref": trigger_ref, "pattern_version": pattern.version},
+        data=data,
     )
+    run.harness_notices = harness.notices  # type: ignore[attr-defined]  # for the response
     if probe:
         breaker_start_probe(pattern, run.id)
         run_event_append(run_id=run.id, type="breaker.probe", actor=actor, data={})
@@ -202,8 +266,28 @@ def run_retry(*, run_id: uuid.UUID, actor: str) -> LoopRun:
         inputs=original.inputs,
         trigger_type="retry",
         trigger_ref=str(original.id),
+        harness_overrides=run_harness_overrides(original),
         retry_of=original,
     )
+
+
+def _created_data(run: LoopRun) -> dict[str, Any]:
+    event = run.events.filter(type="run.created").only("data").first()
+    return dict(event.data or {}) if event is not None else {}
+
+
+def run_harness_overrides(run: LoopRun) -> dict[str, Any] | None:
+    """The harness overrides ``run`` was triggered with (kept in its ``run.created`` event)."""
+    return _created_data(run).get("harness_overrides")
+
+
+def run_harness_notices(run: LoopRun) -> list[dict[str, Any]]:
+    """What the run's overrides asked for and did not get, ``[{role, employee, field, asked,
+    got, decidedBy}]``: kept on a run just triggered, else read from its ``run.created``."""
+    known = getattr(run, "harness_notices", None)
+    if known is not None:
+        return list(known)
+    return list(_created_data(run).get("overrides_not_applied") or [])
 
 
 def runs_release_owner(*, owner: str) -> int:

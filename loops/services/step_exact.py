@@ -16,6 +16,7 @@ from loops.models import LoopEvent, LoopStep, StepStatus
 from loops.policy import ToolLoopPolicy
 from loops.services import budget_rules, budgets, step_sql, tool_repeats
 from loops.services.approvals import approval_record_execution
+from loops.services.harness_limits import HarnessLimits, tightened
 from loops.services.step_records import ToolStart, cost_of
 from loops.services.transitions import Lease, fenced_touch
 from orchestrator.sql import execute, fetch_all
@@ -48,8 +49,11 @@ def _touch(
 
 
 @transaction.atomic
-def tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) -> ToolStart:
-    """``steps.tool_step_begin`` with every limit judged, one statement after the other."""
+def tool_step_begin_exact(
+    lease: Lease, *, row: dict[str, Any], digest: str, harness: HarnessLimits | None = None
+) -> ToolStart:
+    """``steps.tool_step_begin`` with every limit judged, one statement after the other (the
+    role's ``harness`` limits with the budgets, when given)."""
     seq, limits = _touch(lease, step_increment=1)
     name = row["name"]
     count = _occurrence(lease, digest)
@@ -75,8 +79,9 @@ def tool_step_begin_exact(lease: Lease, *, row: dict[str, Any], digest: str) -> 
     started_at = _insert_step(lease, **row)
     # The counts last: the pattern's day is a row every run of the pattern writes, so its lock
     # is taken as late as possible (a refusal rolls the step back with the rest).
-    budgets.budget_take(limits, budget_rules.tool_call_amounts(name))
-    budgets.require_room(limits)
+    judged = tightened(limits, harness)
+    budgets.budget_take(judged, budget_rules.TOOL_CALL_AMOUNTS)
+    budgets.require_room(judged)
     if verdict is tool_repeats.RepeatVerdict.WARN:
         step_event(
             lease, type="toolloop.warning", data=tool_repeats.event_data(name, count, policy, seq)

@@ -16,7 +16,6 @@ from django.utils import timezone
 from loops.models import StepKind, StepStatus
 from loops.services import step_sql, tool_repeats
 from loops.services.budget_rules import (
-    DELEGATION_TOOLS,
     RunLimits,
     amount,
     invocation_amounts,
@@ -75,11 +74,11 @@ class ReadRule:
     limits: RunLimits | None = field(default=None, compare=False)
 
     def runs_first(self, name: str, occurrence: int) -> bool:
-        return not self.judged and name not in DELEGATION_TOOLS and occurrence < self.warn_at
+        return not self.judged and occurrence < self.warn_at
 
 
-#: The counted metrics a tool call takes (``budget_rules.tool_call_amounts``).
-_TOOL_METRICS = frozenset({"toolCalls", "delegations"})
+#: The counted metrics a tool call takes (``budget_rules.TOOL_CALL_AMOUNTS``).
+_TOOL_METRICS = frozenset({"toolCalls"})
 
 
 def read_rule(limits: RunLimits) -> ReadRule:

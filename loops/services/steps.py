@@ -23,6 +23,7 @@ from django.utils import timezone
 from loops import db
 from loops.models import LoopStep, StepKind, StepStatus
 from loops.services import budget_rules, budgets, step_exact, step_fast, step_sql, tool_repeats
+from loops.services.harness_limits import HarnessLimits
 from loops.services.step_fast import model_step_write
 from loops.services.step_records import (
     ModelStep,
@@ -75,18 +76,22 @@ def invocation_begin(
     role: str,
     invocation: str,
     expected: budget_rules.RunLimits | None = None,
+    harness: HarnessLimits | None = None,
 ) -> tuple[budget_rules.InvocationStart, dict[str, int]]:
     """:func:`budgets.budget_invocation_begin`, and the run's tool calls so far by hash (the
     journal's :meth:`ReadRule.runs_first` needs them).
 
     ``expected`` is the run's limits as the caller last read them: when they let the start go
-    without a judgement, the batched path proves them unchanged in one statement."""
-    if db.fast_path_available():
+    without a judgement, the batched path proves them unchanged in one statement. ``harness``:
+    the role's harness limits, which the start must be judged by (the exact path)."""
+    if db.fast_path_available() and harness is None:
         try:
             return step_fast.invocation_start(lease, role, invocation, expected)
         except db.NotPlain:
             pass
-    start = budgets.budget_invocation_begin(lease, role=role, invocation=invocation)
+    start = budgets.budget_invocation_begin(
+        lease, role=role, invocation=invocation, harness=harness
+    )
     return start, call_counts(lease.run_id)
 
 
@@ -111,17 +116,19 @@ def tool_step_begin(
     status: StepStatus = StepStatus.STARTED,
     model_step: ModelStep | None = None,
     expected: ReadRule | None = None,
+    harness: HarnessLimits | None = None,
 ) -> ToolStart:
     """Persist a tool call about to run (or gated), under the run's limits.
 
     In order: the tool-loop policy (escalate raises ToolLoopEscalated; block persists the call
     as failed with the refusal as its result and returns it in ``refused``), then the budgets
-    (a tool call, a delegation; metered budgets must not be used up), raising BudgetExhausted.
+    (a tool call; metered budgets must not be used up), raising BudgetExhausted.
     A raise persists and counts nothing of the call.
 
     ``model_step`` is the finished model step that made the call, numbered by the journal and
     written in the same transaction, before the call's step (it is persisted even when the call
-    is refused or raises). ``expected`` is the run's rule as the caller last saw it.
+    is refused or raises). ``expected`` is the run's rule as the caller last saw it;
+    ``harness``: the role's harness limits, which the call must be judged by (the exact path).
     """
     digest = tool_repeats.call_hash(name, tool_repeats.arguments_of(request))
     row = step_sql.step_row(
@@ -135,16 +142,16 @@ def tool_step_begin(
         lease_token=lease.token,
         call_hash=digest,
     )
-    if db.fast_path_available():
+    if db.fast_path_available() and harness is None:
         try:
-            amounts = budget_rules.tool_call_amounts(name)
+            amounts = budget_rules.TOOL_CALL_AMOUNTS
             seq, rule = step_fast.tool_step(lease, row, digest, amounts, model_step, expected)
             return ToolStart(seq, started_at=row["started_at"], rule=rule)
         except db.NotPlain:
             pass
     if model_step is not None:
         model_step_write(lease, model_step)
-    return step_exact.tool_step_begin_exact(lease, row=row, digest=digest)
+    return step_exact.tool_step_begin_exact(lease, row=row, digest=digest, harness=harness)
 
 
 def tool_step_record(
@@ -160,6 +167,7 @@ def tool_step_record(
     started_at: datetime,
     model_step: ModelStep | None = None,
     expected: ReadRule | None = None,
+    harness: HarnessLimits | None = None,
 ) -> ToolStart:
     """Persist a read-effect call that has already run, with its result, in one write.
 
@@ -192,9 +200,9 @@ def tool_step_record(
         finished_at=now,
         duration_ms=max(0, int((now - started_at).total_seconds() * 1000)),
     )
-    if db.fast_path_available():
+    if db.fast_path_available() and harness is None:
         try:
-            amounts = budget_rules.tool_call_amounts(name)
+            amounts = budget_rules.TOOL_CALL_AMOUNTS
             seq, rule = step_fast.tool_step(lease, row, digest, amounts, model_step, expected)
             return ToolStart(seq, rule=rule)
         except db.NotPlain:
@@ -203,7 +211,10 @@ def tool_step_record(
         model_step_write(lease, model_step)
     begun = {**row, "status": StepStatus.STARTED.value, "response": None, "error": ""}
     return step_exact.tool_step_begin_exact(
-        lease, row={**begun, "finished_at": None, "duration_ms": None}, digest=digest
+        lease,
+        row={**begun, "finished_at": None, "duration_ms": None},
+        digest=digest,
+        harness=harness,
     )
 
 

@@ -5,6 +5,11 @@ fencing token, updates the row and appends the event — all in one transaction.
 active state releases the lease and bumps the token, so a worker that was driving the run
 cannot write anything more (it gets :class:`LeaseLost`). What an end touches besides the row
 is the caller's ``on_end`` (:mod:`loops.services.endings`); an end without it is refused.
+
+A run in a wait (``LoopRun.wait``, :mod:`loops.services.waits`) is parked by :func:`run_wait`:
+the poll that starts the wait writes its event, later polls update only the row. Any transition
+that leaves the wait (:func:`wait_goes_on`) writes ``wait.ended`` with the wait's summary before
+its own event and clears the record; a run's quiet re-claim within a wait is restarted quietly.
 """
 
 from __future__ import annotations
@@ -22,12 +27,28 @@ from loops import db, state
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.orm_private import NeedsCompiler, set_clause, update_sql
 from loops.services.nudges import nudge_run
+from loops.services.waits import WAIT_ENDED_EVENT, WaitPoll, wait_poll, wait_summary
 from loops.state import TransitionRefused
 from orchestrator.sql import fetch_all, now_sql, placeholders, uuid_param
 from runtime.invocation import LeaseLost
 
 #: States that record a ``terminal_reason`` (and usually a ``failure_reason`` text).
 REASONED = frozenset({*state.TERMINAL, RunStatus.WAITING_HUMAN, RunStatus.BLOCKED})
+
+#: The states a run reaches without leaving its wait, by the wait's kind: its parking and its
+#: claim (and a worker's death on the way), and for a model wait its next try of the model.
+_WITHIN_WAIT: dict[str, frozenset[RunStatus]] = {
+    "lock": frozenset({RunStatus.WAITING_LOCK, RunStatus.QUEUED, RunStatus.PREPARING}),
+    "model": frozenset(
+        {RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.VERIFYING}
+    ),
+}
+_RESTARTS = frozenset({RunStatus.RUNNING, RunStatus.VERIFYING})
+
+
+def wait_goes_on(wait: dict[str, Any] | None, to: RunStatus) -> bool:
+    """Does a run in ``wait`` stay in it when it moves to ``to``? (No wait: nothing goes on.)"""
+    return bool(wait) and to in _WITHIN_WAIT.get(str((wait or {}).get("kind")), frozenset())
 
 
 class RunEnd(Protocol):
@@ -60,7 +81,7 @@ def _lock_run(run_id: uuid.UUID) -> dict[str, Any]:
     found = (
         LoopRun.objects.select_for_update()
         .filter(pk=run_id)
-        .values("status", "lease_owner", "lease_token", "event_seq", "pattern_id")
+        .values("status", "lease_owner", "lease_token", "event_seq", "pattern_id", "wait")
         .first()
     )
     if found is None:
@@ -144,8 +165,9 @@ class _Change:
 
 def _run_transition_batched(change: _Change) -> TransitionResult:
     """A lease holder's transition in one statement (PostgreSQL): lock the run if it is still
-    held and in a state the target may be reached from (and, for an end, has no path locks or
-    pending approvals and leaves its pattern's breaker as it is), update it, append the event.
+    held, in no wait and in a state the target may be reached from (and, for an end, has no path
+    locks or pending approvals and leaves its pattern's breaker as it is), update it, append the
+    event.
     When it matches nothing the exact path runs, and says why (or does the rest)."""
     assert change.lease is not None
     with db.batch() as batch:
@@ -188,6 +210,8 @@ def _transition_statement(change: _Change) -> tuple[str, list[Any]]:
     sql = (
         f"WITH moved AS (UPDATE loops_looprun r SET {assignments} "
         "WHERE r.id = %s AND r.lease_owner = %s AND r.lease_token = %s "
+        # A run in a wait takes the exact path, which ends the wait or keeps it.
+        "AND r.wait = '{}'::jsonb "
         f"AND r.status IN ({placeholders(sources)}){ends} "
         "RETURNING r.id, r.event_seq, "
         "(SELECT o.status FROM loops_looprun o WHERE o.id = r.id) AS previous), "
@@ -261,21 +285,117 @@ def _event(change: _Change, current: str, seq: int, data: dict[str, Any]) -> Loo
 @transaction.atomic
 def _run_transition_exact(change: _Change) -> TransitionResult:
     """:func:`run_transition` one statement after the other, with the run's end (``on_end``)
-    in the same transaction."""
+    in the same transaction, and the end of the run's wait (``wait.ended``) when it leaves it."""
     run_id, to, actor = change.run_id, change.to, change.actor
     row = _lock_run(run_id)
     _check(row, change)
     current = row["status"]
     values, seq = _values(row, change)
+    wait = row.get("wait") or {}
+    events: list[LoopEvent] = []
+    if wait and not wait_goes_on(wait, to):
+        events.append(_wait_ended(change, wait, seq, current))
+        values["wait"] = {}
+        seq += 1
+    elif wait and current == RunStatus.PREPARING and to in _RESTARTS:
+        seq -= 1  # restarted after its quiet claim, within the wait: no event
+    values["event_seq"] = seq
     LoopRun.objects.filter(pk=run_id).update(**values)
     data = dict(change.data)
     if to in state.TERMINAL and change.on_end is not None:
         ended = change.on_end(run_id=run_id, pattern_id=row["pattern_id"], actor=actor, status=to)
         data.update(ended)
-    _event(change, current, seq, data).save(force_insert=True)
+    if seq > row["event_seq"]:
+        events.append(_event(change, current, seq, data))
+    LoopEvent.objects.bulk_create(events)
     if to == RunStatus.QUEUED:
         nudge_run(run_id)
     return TransitionResult(run_id=run_id, from_status=current, to_status=to.value, seq=seq)
+
+
+def _wait_ended(change: _Change, wait: dict[str, Any], seq: int, status: str) -> LoopEvent:
+    """The ``wait.ended`` event of a wait the change leaves (``ended_by`` its event type, to
+    ``to``), written while the run is in ``status`` (its from and to status: a status event)."""
+    summary = wait_summary(wait, timezone.now()) or {}
+    return LoopEvent(
+        run_id=change.run_id,
+        seq=seq,
+        type=WAIT_ENDED_EVENT,
+        from_status=status,
+        to_status=status,
+        actor=change.actor,
+        data={**summary, "ended_by": change.event_type, "to": change.to.value},
+    )
+
+
+@transaction.atomic
+def run_wait(
+    *,
+    lease: Lease,
+    to: RunStatus,
+    kind: str,
+    event_type: str,
+    detail: dict[str, Any],
+    data: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
+) -> WaitPoll:
+    """Park the lease holder's run in a ``kind`` wait (``waits.WAIT_KINDS``) in state ``to``,
+    releasing the lease: the poll that starts the wait writes ``event_type`` (data: ``detail``
+    and ``data``), every later poll updates only the row (status, ``fields``, the ``wait``
+    record). A wait of another kind ends first (its ``wait.ended``). Returns the poll."""
+    if to in state.TERMINAL:
+        raise ValueError("a wait parks a run; ending it is run_transition's")
+    change = _Change(
+        lease.run_id,
+        to,
+        lease.owner,
+        event_type,
+        lease,
+        None,
+        {**detail, **(data or {})},
+        fields or {},
+        None,
+    )
+    row = _lock_run(lease.run_id)
+    _check(row, change)
+    previous = row.get("wait") or {}
+    poll = wait_poll(previous, kind, timezone.now(), detail)
+    values, seq = _values(row, change)
+    events: list[LoopEvent] = []
+    if poll.started and previous:
+        events.append(_wait_ended(change, previous, seq, row["status"]))
+        seq += 1
+    if poll.started:
+        events.append(_event(change, row["status"], seq, change.data))
+    else:
+        seq -= 1
+    values.update(wait=poll.record, event_seq=seq)
+    LoopRun.objects.filter(pk=lease.run_id).update(**values)
+    LoopEvent.objects.bulk_create(events)
+    if to == RunStatus.QUEUED:
+        nudge_run(lease.run_id)
+    return poll
+
+
+@transaction.atomic
+def run_wait_end(*, lease: Lease, ended_by: str) -> int | None:
+    """End the wait of a run its lease holder drives (a model answered again): ``wait.ended``
+    (``ended_by`` names what ended it) and the record cleared. Returns the event's seq, or None
+    when the run was in no wait. Raises LeaseLost when the lease is no longer held."""
+    row = _lock_run(lease.run_id)
+    _check_lease(row, lease)
+    wait = row.get("wait") or {}
+    if not wait:
+        return None
+    seq = row["event_seq"] + 1
+    change = _Change(
+        lease.run_id, RunStatus(row["status"]), lease.owner, ended_by, lease, None, {}, {}, None
+    )
+    LoopRun.objects.filter(pk=lease.run_id).update(
+        wait={}, event_seq=seq, updated_at=timezone.now()
+    )
+    _wait_ended(change, wait, seq, row["status"]).save(force_insert=True)
+    return seq
 
 
 def fence_touch_sql(

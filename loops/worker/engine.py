@@ -22,17 +22,31 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from loops.models import LoopArtifact, LoopRun, RunStatus
-from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA, judge_verdict
+from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA
 from loops.services import budget_rules, claim_sql
 from loops.services import steps as step_services
 from loops.services.approvals import approvals_open
 from loops.services.claims import Claimed
 from loops.services.endings import run_transition
-from loops.services.locks import path_locks_acquire
-from loops.services.transitions import Lease, run_update_fenced
+from loops.services.harness_limits import (
+    isolation_refusal,
+)
+from loops.services.locks import lock_wait_detail, path_locks_acquire
+from loops.services.transitions import Lease, run_update_fenced, run_wait
+from loops.services.waits import wait_elapsed_seconds
 from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
+from loops.worker.harness_bind import (
+    HARNESS_EVENT,
+    TIMEOUT_CODE,
+    harness_limits_of,
+    invocation_open,
+    isolation_fail,
+    within,
+)
 from loops.worker.journal import DbJournal, DbThreads, abandon
+from loops.worker.model_waits import model_wait_journal, park_for_retry
 from loops.worker.recovery import reclaim_workspace
+from loops.worker.verdicts import conclude_verdict
 from orchestrator.sql import time_in
 from runtime.invocation import (
     InvocationOutcome,
@@ -69,7 +83,8 @@ class RunState:
     policy: dict[str, Any]
     repository: dict[str, Any]
     cursor: dict[str, Any] = field(default_factory=dict)
-    lock_wait_since: Any = None
+    #: The wait the run is in (``LoopRun.wait``), as the claim found it.
+    wait: dict[str, Any] = field(default_factory=dict)
     #: The run's limits as last read from the database (with their fingerprint), which lets
     #: an invocation start in one statement that proves them unchanged; None: not known.
     limits: budget_rules.RunLimits | None = None
@@ -89,7 +104,7 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         policy=columns["policy_snapshot"],
         repository=columns["repository_snapshot"],
         cursor=dict(columns["cursor"] or {}),
-        lock_wait_since=columns["lock_wait_since"],
+        wait=dict(columns["wait"] or {}),
         limits=budget_rules.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
     )
 
@@ -107,7 +122,7 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
         policy=run.policy_snapshot,
         repository=run.repository_snapshot,
         cursor=dict(run.cursor or {}),
-        lock_wait_since=run.lock_wait_since,
+        wait=dict(run.wait or {}),
     )
 
 
@@ -120,6 +135,8 @@ def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
     Returns the status the run is in afterwards (a run its claim already started is left
     as it is).
     """
+    if isolation_fail(lease, run.harness_snapshots, run.repository):
+        return RunStatus.FAILED.value
     if run.status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
         return run.status
     repo_key = run.repository.get("repositoryKey") or ""
@@ -151,10 +168,11 @@ def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
 def _park_for_lock(
     lease: Lease, run: RunState, conflicts: list[dict[str, str]], retry_seconds: float
 ) -> str:
-    now = timezone.now()
-    since = run.lock_wait_since or now
+    """Park the run in its lock wait (one ``lock.waiting`` when the wait starts, then only the
+    wait record), or fail it once the wait has lasted ``lockWaitTimeoutSeconds``."""
     limit = int(run.policy.get("lockWaitTimeoutSeconds", 3600))
-    if (now - since).total_seconds() > limit:
+    current = run.wait if run.wait.get("kind") == "lock" else None
+    if wait_elapsed_seconds(current, timezone.now()) > limit:
         run_transition(
             run_id=run.id,
             to=RunStatus.FAILED,
@@ -168,14 +186,13 @@ def _park_for_lock(
             },
         )
         return RunStatus.FAILED.value
-    run_transition(
-        run_id=run.id,
-        to=RunStatus.WAITING_LOCK,
-        actor=lease.owner,
+    run_wait(
         lease=lease,
+        to=RunStatus.WAITING_LOCK,
+        kind="lock",
         event_type="lock.waiting",
-        data={"conflicts": conflicts},
-        fields={"not_before": time_in(retry_seconds), "lock_wait_since": since},
+        detail=lock_wait_detail(conflicts),
+        fields={"not_before": time_in(retry_seconds)},
     )
     return RunStatus.WAITING_LOCK.value
 
@@ -232,6 +249,9 @@ async def drive_run(driver: RunHost, claim: Claimed) -> None:
         # Started by its claim (it needed no preparation): only its workspace may be missing.
         run = run_state_of(lease.run_id, claim.status, claim.columns)
         status = run.status
+        if isolation_refusal(run.harness_snapshots or {}, run.repository or {}) is not None:
+            await driver.db(isolation_fail, lease, run.harness_snapshots, run.repository)
+            return
         if not _plain_workspace_made(run):
             status = await driver.db(_workspace_for_started, lease, run)
     else:
@@ -262,7 +282,7 @@ async def drive_run(driver: RunHost, claim: Claimed) -> None:
             return
         run.cursor = _advance_cursor(run, role, outcome.output)
         if role == LoopRole.VERIFIER:
-            await driver.db(_conclude_verdict, lease, run, outcome.output)
+            await driver.db(conclude_verdict, lease, run, outcome.output)
             return
         await driver.db(run_update_fenced, lease, cursor=run.cursor)
 
@@ -357,13 +377,15 @@ async def _invoke(
     resuming: bool = False,
     steps: list[StepRecord] | None = None,
 ) -> InvocationOutcome:
+    snapshot = _harness_for(run, role, employee)
+    harness = harness_limits_of(snapshot)
     request = InvocationRequest(
         run_id=run.id,
         role=role,
         invocation=name,
         employee_username=employee,
         goal=run.goal,
-        harness=_harness_for(run, role, employee),
+        harness=snapshot,
         # Only the verifier's context reads the database (its artifacts).
         context=(
             await driver.db(_context_for, run, role)
@@ -373,7 +395,7 @@ async def _invoke(
         inputs=run.inputs,
         workdir=run.cursor.get("workdir"),
     )
-    journal = DbJournal(driver, lease, role, name)
+    journal = model_wait_journal(driver, lease, role, name, harness=harness, wait=run.wait)
     if steps is not None:
         journal.steps_read(steps)  # with the claim
     elif resuming:
@@ -381,28 +403,34 @@ async def _invoke(
     # What the invoker reads before it starts (its own round trips) overlaps the start's.
     preparing = asyncio.ensure_future(driver.invoker.prepare(request, journal))
     try:
-        start, calls = await driver.db(_invocation_begin, lease, role, name, run.limits)
+        opened = await driver.db(invocation_open, lease, role, name, run.limits, harness, snapshot)
+        start = opened.start
         journal.started(
             fresh=start.started,
             metered=start.metered,
             steps=start.steps,
             limits=start.limits,
-            calls=calls,
+            calls=opened.calls,
+            usage=opened.usage,
         )
-        outcome = await driver.invoker.invoke(request, journal, prepared=await preparing)
+        outcome = await within(
+            opened.deadline, _invoked(driver.invoker, request, journal, preparing)
+        )
         await journal.flush()  # the final answer's model step
         run.limits = journal.limits or start.limits  # for the next invocation's start
         return outcome
     except RunHalted as halt:
-        # A budget or the tool-loop policy stopped the run; nothing of the refused step was
-        # persisted, so a resume (after a raise, say) starts that step afresh.
+        # A budget, a harness limit or the tool-loop policy stopped the run; nothing of the
+        # refused step was persisted, so a resume (after a raise, say) starts it afresh.
+        if halt.code == TIMEOUT_CODE:
+            journal.drop_pending()  # stopped mid-step: a write may still be in flight
         await journal.flush()
         return InvocationOutcome(
             kind=halt.outcome, code=halt.code, reason=halt.reason, output=halt.data
         )
     except RetryLater as exc:
         await journal.flush()
-        await driver.db(_park_for_retry, lease, str(exc), exc.delay_seconds)
+        await driver.db(park_for_retry, lease, exc, snapshot)
         return InvocationOutcome(kind=OutcomeKind.BLOCKED, code="__parked__")
     except (LeaseLost, OperationalError, InterfaceError):
         raise
@@ -420,6 +448,15 @@ async def _invoke(
     finally:
         journal.forget_early_steps()
         abandon(preparing)
+
+
+async def _invoked(
+    invoker: RoleInvoker,
+    request: InvocationRequest,
+    journal: DbJournal,
+    preparing: asyncio.Future[Any],
+) -> InvocationOutcome:
+    return await invoker.invoke(request, journal, prepared=await preparing)
 
 
 def _invocation_begin(
@@ -473,18 +510,6 @@ def _enter_verification(lease: Lease, cursor: dict[str, Any], repository: dict[s
     )
 
 
-def _park_for_retry(lease: Lease, reason: str, delay_seconds: float) -> None:
-    run_transition(
-        run_id=lease.run_id,
-        to=RunStatus.QUEUED,
-        actor=lease.owner,
-        lease=lease,
-        event_type="run.retry_later",
-        data={"reason": reason, "delay_seconds": delay_seconds},
-        fields={"not_before": time_in(delay_seconds)},
-    )
-
-
 _OUTCOME_TARGET = {
     OutcomeKind.NEEDS_APPROVAL: (RunStatus.WAITING_APPROVAL, "approval.requested"),
     OutcomeKind.FAILED: (RunStatus.FAILED, "run.failed"),
@@ -498,7 +523,11 @@ _DEFAULT_CODE = {
     OutcomeKind.ESCALATE: "escalated",
 }
 #: Events of the halts the journal raises, by code prefix (``budget_exhausted:<metric>``).
-_HALT_EVENTS = {"budget_exhausted": "budget.exhausted", "tool_loop": "toolloop.escalated"}
+_HALT_EVENTS = {
+    "budget_exhausted": "budget.exhausted",
+    "tool_loop": "toolloop.escalated",
+    "harness_limit": HARNESS_EVENT,
+}
 
 
 def _event_type(outcome: InvocationOutcome, default: str) -> str:
@@ -510,7 +539,7 @@ def _conclude_invocation(
     lease: Lease, run: RunState, outcome: InvocationOutcome, step: tuple[LoopRole, str, str]
 ) -> None:
     if outcome.code == "__parked__":
-        return  # already re-queued by _park_for_retry
+        return  # already re-queued by park_for_retry
     target, event_type = _OUTCOME_TARGET[outcome.kind]
     fields: dict[str, Any] = {"cursor": run.cursor}
     if outcome.kind in _DEFAULT_CODE:
@@ -536,54 +565,3 @@ def _conclude_invocation(
             employee=employee,
             gated=list(outcome.output.get("gated") or []),
         )
-
-
-def _conclude_verdict(lease: Lease, run: RunState, verdict: dict[str, Any]) -> None:
-    """pass → succeeded (L1) or waiting_human (L2/L3); reject → failed; else escalate.
-
-    Missing required checks and evidence that is not an artifact of this run make the verdict
-    an escalation (``judge_verdict``)."""
-    artifact_ids = {
-        str(i) for i in LoopArtifact.objects.filter(run_id=run.id).values_list("id", flat=True)
-    }
-    value, problems = judge_verdict(
-        verdict,
-        required_checks=list(run.policy.get("requiredChecks", [])),
-        run_artifact_ids=artifact_ids,
-    )
-    fields: dict[str, Any] = {
-        "cursor": run.cursor,
-        "result": {**verdict, "effective_verdict": value, "problems": problems},
-    }
-    given = verdict.get("reasons")
-    reasons = "; ".join(str(r) for r in given) if isinstance(given, list) else ""
-    if value == "pass" and run.autonomy_level == "L1":
-        target, fields["terminal_reason"] = RunStatus.SUCCEEDED, "verified"
-    elif value == "pass":
-        target = RunStatus.WAITING_HUMAN
-        fields.update(
-            terminal_reason="awaiting_acceptance",
-            failure_reason=(
-                f"The verifier passed the result; autonomy level {run.autonomy_level} needs a "
-                "human to accept it."
-            ),
-        )
-    elif value == "reject":
-        target = RunStatus.FAILED
-        fields.update(terminal_reason="rejected_by_verifier", failure_reason=reasons or "rejected")
-    else:
-        target = RunStatus.WAITING_HUMAN
-        why = "; ".join([*problems, *([reasons] if reasons else [])])
-        fields.update(
-            terminal_reason="escalated_by_verifier",
-            failure_reason=f"The verification escalated to a human: {why or 'no reason given'}",
-        )
-    run_transition(
-        run_id=lease.run_id,
-        to=target,
-        actor=lease.owner,
-        lease=lease,
-        event_type="verification.verdict",
-        data={"verdict": verdict.get("verdict"), "effective": value, "problems": problems},
-        fields=fields,
-    )

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 from django.utils import timezone
@@ -20,6 +21,7 @@ from loops.models import StepStatus
 from loops.services import budget_rules, budgets, step_exact, step_fast, step_records, tool_repeats
 from loops.services import steps as step_services
 from loops.services.approvals import approval_authorize_execution
+from loops.services.harness_limits import HarnessLimits
 from loops.services.transitions import Lease
 from runtime.invocation import LoopRole, RecordedCall, StepRecord, ToolCallRefused
 
@@ -43,8 +45,23 @@ class DbJournal:
     transaction fewer. Only the lease holder writes a run's steps, so the journal knows the
     next seq; the write also checks it (``JournalOutOfStep``)."""
 
-    def __init__(self, driver: DbThreads, lease: Lease, role: LoopRole, invocation: str) -> None:
+    #: ``db_call`` runs on the driver's pooled database threads (tools may use it for reads).
+    pooled_db = True
+
+    def __init__(
+        self,
+        driver: DbThreads,
+        lease: Lease,
+        role: LoopRole,
+        invocation: str,
+        harness: HarnessLimits | None = None,
+    ) -> None:
         self.driver, self.lease, self.role, self.invocation = driver, lease, role, invocation
+        #: The per-run totals of the role's harness, and the run's usage of them as this
+        #: journal knows it (read at the start, added to as it writes; None: not known, so
+        #: every write is judged by them): see ``harness_limits``.
+        self.harness = harness or HarnessLimits()
+        self._usage: dict[str, Decimal] | None = None
         #: Tool-loop warnings of the steps this journal began, for the model (``tool_notice``).
         self.notices: dict[int, str] = {}
         #: Until when model calls need no admission (no metered limit bound the run).
@@ -64,6 +81,22 @@ class DbJournal:
         self._calls: dict[str, int] | None = None
         #: The read of the invocation's steps, begun early (:meth:`read_steps_early`).
         self._early_steps: asyncio.Future[list[StepRecord]] | None = None
+
+    async def sub_journal(self, invocation: str) -> DbJournal:
+        """The journal of a sub-agent of this invocation (``<name>/sub:<n>``, docs/sub-agents.md):
+        the same run, lease, role and harness limits, its steps persisted under its own name
+        (so a resumed parent, re-issuing the dispatch, resumes the child from them) and judged
+        and charged like the parent's.
+
+        The parent's pending model step is written first. From then on the child writes steps
+        between the parent's, so neither numbers model steps itself: the database does
+        (``_steps`` unknown), and reads are begun before they run."""
+        await self.flush()
+        self._steps = None
+        child = DbJournal(self.driver, self.lease, self.role, invocation, self.harness)
+        child._usage = self._usage  # one tally of the run's harness-bound usage
+        child._unmetered_until = self._unmetered_until
+        return child
 
     def read_steps_early(self) -> None:
         """Begin reading the invocation's steps now, while its start is counted, so a resumed
@@ -96,12 +129,15 @@ class DbJournal:
         steps: int | None = None,
         limits: budget_rules.RunLimits | None = None,
         calls: dict[str, int] | None = None,
+        usage: dict[str, Decimal] | None = None,
     ) -> None:
         """What the invocation's start found: a ``fresh`` invocation has no steps yet (none is
         written before its start is counted); an unmetered run needs no admission for now;
         ``steps`` is the run's step count, from which the journal numbers model steps;
         ``limits`` and ``calls`` (the run's tool calls by hash) say which reads may run before
-        they are persisted (:meth:`runs_first`)."""
+        they are persisted (:meth:`runs_first`); ``usage`` the run's usage of the metrics its
+        harness bounds."""
+        self._usage = usage
         self._fresh = fresh
         self._steps = steps
         self._rule = None if limits is None else step_records.read_rule(limits)
@@ -120,7 +156,22 @@ class DbJournal:
         write that follows (:meth:`record_call`) judges it again, exactly."""
         if self._rule is None or self._calls is None or self._steps is None:
             return False
+        if self._judged(_TOOL_CALL) is not None:
+            return False
         return self._rule.runs_first(name, self._calls.get(_digest(name, request), 0) + 1)
+
+    def _judged(self, amounts: dict[str, int]) -> HarnessLimits | None:
+        """The harness limits when a write taking ``amounts`` must be judged by them: the
+        journal's tally says it could reach one (or the tally is not known)."""
+        if not self.harness.bounds:
+            return None
+        if self._usage is None or self.harness.near(self._usage, amounts):
+            return self.harness
+        return None
+
+    def _tally(self, metric: str, n: Any) -> None:
+        if self._usage is not None and metric in self._usage and n:
+            self._usage[metric] += Decimal(str(n))
 
     def _counted(self, name: str, request: dict[str, Any]) -> None:
         """A tool step of this call was persisted (the tool-loop policy counts it)."""
@@ -131,6 +182,12 @@ class DbJournal:
     def _saw(self, seq: int) -> None:
         if self._steps is not None:
             self._steps = max(self._steps, seq)
+
+    def drop_pending(self) -> None:
+        """Forget the recorded model step not written yet: the invocation was stopped in the
+        middle (its deadline), a write of it may still be in flight on a database thread, and
+        no later write may carry it under a seq that write could have taken."""
+        self._pending = None
 
     async def flush(self) -> None:
         """Write the pending model step (if any) and wait for a write carrying it to end."""
@@ -198,30 +255,59 @@ class DbJournal:
         """A tool call under the run's limits: refused (ToolCallRefused), stopped (RunHalted),
         or begun, possibly with a notice for its result. The first call of a model step
         carries that step's write."""
+        start = await self._tool_write(
+            step_services.tool_step_begin, name, request, idempotency_key, status=status
+        )
+        if start.notice:
+            self.notices[start.seq] = start.notice
+        if start.started_at is not None:
+            self._began[start.seq] = start.started_at
+        return start.seq
+
+    async def _tool_write(
+        self,
+        store: Callable[..., step_records.ToolStart],
+        name: str,
+        request: dict[str, Any],
+        idempotency_key: str,
+        **fields: Any,
+    ) -> step_records.ToolStart:
+        """Write a tool step with ``store`` (carrying the pending model step, judged by the run's
+        rule and, near a limit, its harness); raises ToolCallRefused for a refused call."""
         pending, self._pending = self._pending, None
         if pending is None:
             await self.flush()
         write = self.driver.db(
-            step_services.tool_step_begin,
+            store,
             self.lease,
             role=self.role.value,
             invocation=self.invocation,
             name=name,
             request=request,
             idempotency_key=idempotency_key,
-            status=status,
             model_step=pending,
             expected=self._rule,
+            harness=self._judged(_TOOL_CALL),
+            **fields,
         )
-        start = await (self._carrying(write) if pending is not None else write)
+        start = await self._reserving(self._carrying(write) if pending is not None else write)
         self._wrote(start, name, request)
         if start.refused:
             raise ToolCallRefused(start.refused, seq=start.seq)
-        if start.notice:
-            self.notices[start.seq] = start.notice
-        if start.started_at is not None:
-            self._began[start.seq] = start.started_at
-        return start.seq
+        return start
+
+    async def _reserving(self, write: Awaitable[step_records.ToolStart]) -> step_records.ToolStart:
+        """A tool call's write, its unit in the tally while it is in flight (calls may begin
+        side by side); taken back when the write failed or the call was refused."""
+        self._tally("toolCalls", 1)
+        try:
+            start = await write
+        except BaseException:
+            self._tally("toolCalls", -1)
+            raise
+        if start.refused:
+            self._tally("toolCalls", -1)
+        return start
 
     def _wrote(self, start: step_records.ToolStart, name: str, request: dict[str, Any]) -> None:
         """A tool step was persisted: its seq, its count, and the run's rule for reads."""
@@ -241,27 +327,15 @@ class DbJournal:
     ) -> RecordedCall:
         """A read-effect call that already ran: written completed, with the pending model step
         (the whole tool-loop step in one transaction)."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            await self.flush()
-        write = self.driver.db(
+        start = await self._tool_write(
             step_services.tool_step_record,
-            self.lease,
-            role=self.role.value,
-            invocation=self.invocation,
-            name=name,
-            request=request,
-            idempotency_key=idempotency_key,
+            name,
+            request,
+            idempotency_key,
             response=response,
             error=error,
             started_at=started_at or timezone.now(),
-            model_step=pending,
-            expected=self._rule,
         )
-        start = await (self._carrying(write) if pending is not None else write)
-        self._wrote(start, name, request)
-        if start.refused:
-            raise ToolCallRefused(start.refused, seq=start.seq)
         if start.started_at is None:
             return RecordedCall(start.seq)
         # Begun by the exact path: the caller completes it, with the run's notice if any.
@@ -272,12 +346,15 @@ class DbJournal:
 
     async def admit_model_call(self) -> None:
         await self.flush()
+        # The role's harness limits on tokens and cost are judged here only when the tally
+        # says one is used up (the database then decides).
+        harness = self._judged(_MODEL_CALL)
         # A run no tokens/cost limit binds needs no admission: skip the round trip, asking
         # again at least every ADMISSION_RECHECK_SECONDS (a daily limit may appear).
-        if self._unmetered_until > time.monotonic():
+        if harness is None and self._unmetered_until > time.monotonic():
             return
         while True:
-            admission = await self.driver.db(budgets.budget_admission, self.lease)
+            admission = await self.driver.db(budgets.budget_admission, self.lease, harness)
             if admission.wait is None:
                 break
             await asyncio.sleep(admission.wait)
@@ -304,6 +381,8 @@ class DbJournal:
         cost: float = 0.0,
     ) -> None:
         await self.flush()
+        self._tally("tokens", tokens_in + tokens_out)
+        self._tally("cost", cost)
         await self.driver.db(
             step_services.step_complete,
             self.lease,
@@ -343,6 +422,8 @@ class DbJournal:
             "duration_ms": duration_ms,
         }
         await self.flush()
+        self._tally("tokens", tokens_in + tokens_out)
+        self._tally("cost", cost)
         if kind == "model" and self._steps is not None:
             # Numbered now, written with the next write (see the class docstring).
             seq = self._steps + 1
@@ -361,6 +442,12 @@ class DbJournal:
 
     def idempotency_key(self, step_seq: int, call_index: int = 0) -> str:
         return f"{self.lease.run_id}:{step_seq}:{call_index}"
+
+
+#: What a tool call takes of the harness-bound metrics and needs room in (as the budgets judge
+#: it: a unit of toolCalls, tokens and cost not used up), and what a model call needs room in.
+_MODEL_CALL = {"tokens": 0, "cost": 0}
+_TOOL_CALL = {"toolCalls": 1, **_MODEL_CALL}
 
 
 def _digest(name: str, request: dict[str, Any]) -> str:

@@ -19,17 +19,26 @@ logger = logging.getLogger(__name__)
 
 
 async def reclaim_workspace(driver: DbThreads, lease: Lease, workdir: str | None) -> None:
-    """Give a lent workspace back (its walk off the event loop) and write
-    ``workspace.reclaimed`` to the run; one ``lstat`` when it is not lent."""
+    """Give a lent workspace back (its walk off the event loop), recorded first as
+    ``workspace.reclaimed``; one ``lstat`` when it is not lent.
+
+    The event is written (fenced) before the walk: an attempt that loses its lease changes
+    nothing, and one killed during the walk leaves the top lent (it is given back last), so
+    the next attempt records it again. Every lending a kill left is recorded at least once."""
     if not workdir or not workspace_lent(workdir):
         return
-    entries = await asyncio.to_thread(workspace_reclaim, workdir)
-    logger.info("run %s: workspace %s reclaimed from a sandbox uid", lease.run_id, workdir)
     await driver.db(
         run_event_append,
         run_id=lease.run_id,
         type="workspace.reclaimed",
         actor=lease.owner,
-        data={"workdir": workdir, "entries": entries},
+        data={"workdir": workdir},
         lease=lease,
+    )
+    entries = await asyncio.to_thread(workspace_reclaim, workdir)
+    logger.info(
+        "run %s: workspace %s reclaimed from a sandbox uid (%d entries)",
+        lease.run_id,
+        workdir,
+        entries,
     )

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db import models
 
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
+from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, SubAgentBinding
 from runtime.secrets import api_key_configured
 
 
@@ -58,10 +58,47 @@ class ModelEndpointAdmin(admin.ModelAdmin[ModelEndpoint]):
         return api_key_configured(endpoint.api_key_env)
 
 
+@admin.register(SubAgentBinding)
+class SubAgentBindingAdmin(admin.ModelAdmin[SubAgentBinding]):
+    """Who may hand tasks to whom with ``dispatch_sub_agent_task`` (docs/sub-agents.md)."""
+
+    list_display = ("parent", "child", "endpoint", "model", "alternatives", "created_at")
+    list_select_related = ("parent", "child", "endpoint")
+    search_fields = ("parent__username", "child__username")
+    readonly_fields = ("created_at",)
+
+
 @admin.register(Employee)
 class EmployeeAdmin(admin.ModelAdmin[Employee]):
-    list_display = ("username", "display_name", "endpoint", "max_steps", "streaming")
+    list_display = ("username", "display_name", "endpoint", "max_steps", "harness_tag", "streaming")
     list_filter = ("streaming", "stream_tool_call_check", "endpoint")
     search_fields = ("username", "display_name")
     list_select_related = ("endpoint",)
     readonly_fields = ("created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("username", "display_name", "endpoint", "system_prompt", "params")}),
+        (
+            "Limits and tools",
+            {
+                "fields": (
+                    "max_steps",
+                    "tools",
+                    "tool_concurrency",
+                    "tool_timeout_seconds",
+                    "max_tool_output_length",
+                    "streaming",
+                    "stream_tool_call_check",
+                )
+            },
+        ),
+        (
+            "Harness",
+            {
+                "fields": ("harness_tag", "harness"),
+                "description": "The employee's own harness layers, stacked on its runs after the "
+                "pattern's: a published profile (tag or tag@N) and/or inline layer settings "
+                '(camelCase JSON, e.g. {"limits": {"recursionLimit": 5}}). They only tighten.',
+            },
+        ),
+        (None, {"fields": ("created_at", "updated_at")}),
+    )

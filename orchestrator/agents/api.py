@@ -1,4 +1,5 @@
-"""REST API: ``/api/v1/model-endpoints[/{name}]`` and ``/api/v1/employees[/{username}]``.
+"""REST API: ``/api/v1/model-endpoints[/{name}]``, ``/api/v1/employees[/{username}]`` and
+``/api/v1/employees/{username}/sub-agents[/{child}]``.
 
 Reads need any role; writes need an operator (or admin). The views validate input with the
 serializers and hand every write to :mod:`orchestrator.agents.services`.
@@ -10,12 +11,19 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import serializers, viewsets
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from orchestrator.accounts.permissions import ReadOrOperator
 from orchestrator.agents import services
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
-from orchestrator.agents.serializers import EmployeeSerializer, ModelEndpointSerializer
+from orchestrator.agents.clients import employee_get
+from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, SubAgentBinding
+from orchestrator.agents.serializers import (
+    EmployeeSerializer,
+    ModelEndpointSerializer,
+    SubAgentBindingSerializer,
+)
 
 SLUG = r"[-a-zA-Z0-9_]+"
 
@@ -106,3 +114,42 @@ class EmployeeViewSet(viewsets.ModelViewSet[Employee]):
 
     def perform_destroy(self, instance: Employee) -> None:
         services.employee_delete(employee=instance)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List an employee's sub-agents"),
+    create=extend_schema(summary="Bind a sub-agent to an employee"),
+    destroy=extend_schema(summary="Remove a sub-agent binding"),
+)
+class SubAgentBindingViewSet(
+    mixins.ListModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[SubAgentBinding],
+):
+    """The employees ``{username}`` may hand tasks to with ``dispatch_sub_agent_task``."""
+
+    serializer_class = SubAgentBindingSerializer
+    permission_classes = [ReadOrOperator]
+    lookup_field = "child"
+    lookup_value_regex = SLUG
+    pagination_class = None
+
+    def parent(self) -> Employee:
+        return employee_get(username=self.kwargs["username"])
+
+    def get_queryset(self) -> QuerySet[SubAgentBinding]:
+        if getattr(self, "swagger_fake_view", False):
+            return SubAgentBinding.objects.none()
+        return SubAgentBinding.objects.filter(parent=self.parent()).select_related(
+            "child", "endpoint"
+        )
+
+    def perform_create(self, serializer: serializers.BaseSerializer[SubAgentBinding]) -> None:
+        serializer.instance = services.sub_agent_binding_create(
+            parent=self.parent(), **serializer.validated_data
+        )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.sub_agent_binding_delete(parent=self.parent(), child_username=kwargs["child"])
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -22,6 +22,7 @@ from runtime.breaker import (
     CircuitBreaker,
     RedisBreakerStore,
 )
+from runtime.loop import LoopSettings
 from runtime.model_client import client_for_endpoint
 from runtime.model_config import EndpointConfig, ModelParams
 from runtime.streaming import STREAM_MODES, StreamMode, TextCallback
@@ -86,6 +87,20 @@ def stream_mode_of(employee: Employee) -> StreamMode:
         if mode == employee.stream_tool_call_check:
             return mode
     return "auto"
+
+
+def loop_settings_for_employee(employee: Employee) -> LoopSettings:
+    """The tool loop's settings from the employee's row: limits, the endpoint's context window,
+    and ``streaming`` (every model request of the loop streams; ``stream_tool_call_check`` is
+    the client's detection mode, :func:`stream_mode_of`)."""
+    return LoopSettings(
+        max_steps=employee.max_steps,
+        tool_concurrency=employee.tool_concurrency,
+        tool_timeout_seconds=employee.tool_timeout_seconds,
+        max_tool_output_chars=employee.max_tool_output_length,
+        context_window_tokens=employee.endpoint.context_window,
+        stream=employee.streaming,
+    )
 
 
 @functools.cache

@@ -1,5 +1,9 @@
 """Model endpoints, their failover routes, and the AI employees that call them.
 
+An employee may carry its own harness layers (docs/harness.md): ``harness_tag`` names a
+published profile (``tag`` or ``tag@N``) and ``harness`` holds inline layer settings; a run stacks
+both after the pattern's layer, so they can only tighten what the employee may do.
+
 API keys are never stored: an endpoint names the environment variable that holds its key
 (``api_key_env``) and the runtime reads it at call time. ``params`` columns hold the camelCase
 parameters of docs/model-client.md, validated by :class:`runtime.model_config.ModelParams`.
@@ -15,6 +19,8 @@ from django.db import models
 from django.db.models import F, Q
 from pydantic import ValidationError as PydanticValidationError
 
+from harness.schema import SettingsInvalid, layer_validate
+from harness.services import harness_tag_exists
 from orchestrator.guard import endpoint_problems
 from runtime.model_config import ModelParams
 from runtime.scripted import load_script
@@ -166,6 +172,24 @@ class FailoverRoute(models.Model):
             raise ValidationError({"target": "Failover targets must be HTTP endpoints."})
 
 
+def employee_harness_problems(harness_tag: str, harness: object) -> list[dict[str, str]]:
+    """Every problem of an employee's harness fields as ``{pointer, detail, code}``:
+    ``/harness_tag`` when it names no published profile, ``/harness/<section>/<key>`` for the
+    inline layer (validated by :func:`harness.schema.layer_validate`)."""
+    problems: list[dict[str, str]] = []
+    if harness_tag and not harness_tag_exists(harness_tag):
+        detail = f"{harness_tag!r} names no published harness profile ('tag' or 'tag@N')."
+        problems.append({"pointer": "/harness_tag", "detail": detail, "code": "unknown_profile"})
+    try:
+        layer_validate(harness, ("harness",))
+    except SettingsInvalid as exc:
+        for found in exc.problems:
+            problems.append(
+                {"pointer": found["pointer"], "detail": found["detail"], "code": found["code"]}
+            )
+    return problems
+
+
 class Employee(models.Model):
     """An AI employee: a username with a model endpoint, a system prompt, limits and tools."""
 
@@ -185,6 +209,11 @@ class Employee(models.Model):
     stream_tool_call_check = models.CharField(
         max_length=20, choices=StreamToolCallCheck.choices, default=StreamToolCallCheck.AUTO
     )
+    #: A published harness profile (``tag`` or ``tag@N``) stacked on every run of this
+    #: employee after the pattern's layer; blank: none.
+    harness_tag = models.CharField(max_length=120, blank=True, default="")
+    #: Inline harness layer settings (camelCase JSON, as a profile's); ``{}``: none.
+    harness = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -217,6 +246,92 @@ class Employee(models.Model):
     def __str__(self) -> str:
         return self.username
 
+    def clean(self) -> None:
+        # The services check these first to answer with pointers; this covers the admin.
+        if self.harness is None:  # an emptied admin field: no inline layer
+            self.harness = {}
+        errors: dict[str, list[str]] = {}
+        for problem in employee_harness_problems(self.harness_tag, self.harness):
+            field, _, inner = problem["pointer"].strip("/").partition("/")
+            where = f"{inner.replace('/', '.')}: " if inner else ""
+            errors.setdefault(field, []).append(f"{where}{problem['detail']}")
+        if errors:
+            raise ValidationError(errors)
+
+
+class SubAgentBinding(models.Model):
+    """``parent`` may hand tasks to ``child`` with ``dispatch_sub_agent_task`` (docs/sub-agents.md).
+
+    ``endpoint`` / ``model`` override the child's model when it runs for this parent (blank:
+    the child's own); ``alternatives`` are usernames of other employees tried in order when the
+    child's model fails (each with its own model)."""
+
+    parent = models.ForeignKey(Employee, on_delete=models.CASCADE, related_name="sub_agents")
+    child = models.ForeignKey(Employee, on_delete=models.CASCADE, related_name="parent_bindings")
+    endpoint = models.ForeignKey(
+        ModelEndpoint,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="sub_agent_bindings",
+    )
+    model = models.CharField(max_length=200, blank=True, default="")
+    alternatives = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["parent_id", "created_at", "id"]
+        verbose_name = "sub-agent binding"
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "child"], name="agents_subagent_unique"),
+            models.CheckConstraint(
+                condition=~Q(parent=F("child")), name="agents_subagent_not_self"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id}->{self.child_id}"
+
+    def clean(self) -> None:
+        # The services check these first to answer with pointers; this covers the admin.
+        errors = sub_agent_binding_problems(self)
+        if errors:
+            raise ValidationError(errors)
+
+
+def sub_agent_binding_problems(binding: SubAgentBinding) -> dict[str, list[str]]:
+    """Field -> messages for a binding that cannot work (empty when it can)."""
+    errors: dict[str, list[str]] = {}
+    if binding.parent_id is not None and binding.parent_id == binding.child_id:
+        errors.setdefault("child", []).append("An employee cannot be its own sub-agent.")
+    alternatives = binding.alternatives
+    if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):
+        errors.setdefault("alternatives", []).append("A list of employee usernames.")
+        return errors
+    if len(set(alternatives)) != len(alternatives):
+        errors.setdefault("alternatives", []).append("Each employee may be listed once.")
+    if len(alternatives) > 10:
+        errors.setdefault("alternatives", []).append("At most 10 alternatives.")
+    known = set(
+        Employee.objects.filter(username__in=alternatives).values_list("username", flat=True)
+    )
+    for name in alternatives:
+        if name not in known:
+            errors.setdefault("alternatives", []).append(f"No AI employee named {name}.")
+    names = {
+        pk: username
+        for pk, username in Employee.objects.filter(
+            pk__in=[binding.parent_id, binding.child_id]
+        ).values_list("pk", "username")
+    }
+    for role in ("parent", "child"):
+        name = names.get(getattr(binding, f"{role}_id"))
+        if name is not None and name in alternatives:
+            errors.setdefault("alternatives", []).append(
+                f"{name} is the binding's {role}; it cannot be an alternative."
+            )
+    return errors
+
 
 class EndpointCircuit(models.Model):
     """A model endpoint's breaker (key ``model-endpoint:<name>``), shared by every process:
@@ -241,5 +356,8 @@ __all__ = [
     "ModelEndpoint",
     "Provider",
     "StreamToolCallCheck",
+    "SubAgentBinding",
+    "employee_harness_problems",
     "params_errors",
+    "sub_agent_binding_problems",
 ]

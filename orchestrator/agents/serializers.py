@@ -17,13 +17,16 @@ from drf_spectacular.utils import extend_schema_field
 from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
+from harness.serializers import HarnessLayerField
+from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, SubAgentBinding
+from orchestrator.strict import StrictModelSerializer
 from runtime import outbound
 from runtime.model_config import ModelParams
 from runtime.secrets import api_key_configured
 
 TOOL_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
 KEY_FIELDS = ("api_key", "apiKey", "key")
+MAX_SECONDS = 86_400  # a timeout beyond a day is a typo, and 1e308 s overflows every clock
 
 
 def _openapi(schema: Any) -> Any:
@@ -85,7 +88,7 @@ def _refuse_keys(data: Any) -> None:
         )
 
 
-class FailoverRouteSerializer(serializers.ModelSerializer[FailoverRoute]):
+class FailoverRouteSerializer(StrictModelSerializer[FailoverRoute]):
     endpoint = serializers.SlugRelatedField(
         source="target", slug_field="name", queryset=ModelEndpoint.objects.all()
     )
@@ -112,7 +115,7 @@ def _guard_base_url(value: str) -> None:
         raise serializers.ValidationError("Enter a valid URL.") from None
 
 
-class ModelEndpointSerializer(serializers.ModelSerializer[ModelEndpoint]):
+class ModelEndpointSerializer(StrictModelSerializer[ModelEndpoint]):
     api_key_configured = serializers.SerializerMethodField(
         help_text="Whether the api_key_env variable is allowed and set in this server process."
     )
@@ -158,7 +161,7 @@ class ModelEndpointSerializer(serializers.ModelSerializer[ModelEndpoint]):
                 "LOOPWRIGHT_SECRET_ALLOW, and never be one of the server's own variables."
             },
             "max_retries": {"min_value": 0, "max_value": 10},
-            "timeout_seconds": {"min_value": 0.001},
+            "timeout_seconds": {"min_value": 0.001, "max_value": MAX_SECONDS},
             "circuit_cooldown_seconds": {"min_value": 1},
             "context_window": {"min_value": 1},
             "input_price_per_token": {"min_value": 0},
@@ -173,13 +176,30 @@ class ModelEndpointSerializer(serializers.ModelSerializer[ModelEndpoint]):
         return super().to_internal_value(data)
 
 
-class EmployeeSerializer(serializers.ModelSerializer[Employee]):
+class EmployeeSerializer(StrictModelSerializer[Employee]):
     endpoint = serializers.SlugRelatedField(
         slug_field="name", queryset=ModelEndpoint.objects.all(), help_text="Model endpoint name."
     )
     params = ModelParamsField(help_text="Overrides of the endpoint's parameters.")
     tools = serializers.ListField(
         child=serializers.RegexField(TOOL_NAME), required=False, help_text="Tool names."
+    )
+    harness_tag = serializers.CharField(
+        max_length=120,
+        required=False,
+        allow_blank=True,
+        help_text=(
+            "A published harness profile (`tag` or `tag@N`) stacked on this employee's runs after "
+            "the pattern's layer, as layer `employee:<username>:profile:<tag>@<N>`; blank: none."
+        ),
+    )
+    harness = HarnessLayerField(
+        required=False,
+        help_text=(
+            "Inline harness layer settings (as a profile's), stacked on this employee's runs as "
+            "layer `employee:<username>`; `{}`: none. Problems point into it "
+            "(`/harness/limits/maxTokens`)."
+        ),
     )
 
     class Meta:
@@ -197,6 +217,8 @@ class EmployeeSerializer(serializers.ModelSerializer[Employee]):
             "max_tool_output_length",
             "streaming",
             "stream_tool_call_check",
+            "harness_tag",
+            "harness",
             "created_at",
             "updated_at",
         ]
@@ -204,11 +226,51 @@ class EmployeeSerializer(serializers.ModelSerializer[Employee]):
         extra_kwargs = {
             "max_steps": {"min_value": 1, "max_value": 1000},
             "tool_concurrency": {"min_value": 1, "max_value": 64},
-            "tool_timeout_seconds": {"min_value": 0.001},
+            "tool_timeout_seconds": {"min_value": 0.001, "max_value": MAX_SECONDS},
             "max_tool_output_length": {"min_value": 1},
+            "streaming": {
+                "help_text": "Stream every model request of this employee's runs; the text shows "
+                "live on the run page; what is persisted is the same."
+            },
+            "stream_tool_call_check": {
+                "help_text": "How a stream's tool calls are detected: auto, firstContent or "
+                "drain; see docs/model-client.md."
+            },
         }
 
     def validate_tools(self, tools: list[str]) -> list[str]:
         if len(set(tools)) != len(tools):
             raise serializers.ValidationError("Each tool may be listed once.")
         return tools
+
+
+class SubAgentBindingSerializer(StrictModelSerializer[SubAgentBinding]):
+    """A sub-agent binding of the employee in the URL (docs/sub-agents.md)."""
+
+    child = serializers.SlugRelatedField(
+        slug_field="username",
+        queryset=Employee.objects.all(),
+        help_text="The employee that may receive the parent's sub-agent tasks.",
+    )
+    endpoint = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=ModelEndpoint.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="Model endpoint override for the child when it runs for this parent; "
+        "null: the child's own.",
+    )
+    alternatives = serializers.ListField(
+        child=serializers.SlugField(max_length=150),
+        required=False,
+        max_length=10,
+        help_text="Usernames of employees tried in order when the child's model fails.",
+    )
+
+    class Meta:
+        model = SubAgentBinding
+        fields = ["child", "endpoint", "model", "alternatives", "created_at"]
+        read_only_fields = ["created_at"]
+        extra_kwargs = {
+            "model": {"help_text": "Model name override (on the endpoint used); blank: keep."}
+        }

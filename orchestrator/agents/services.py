@@ -15,8 +15,15 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import ProtectedError
 
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint
-from orchestrator.errors import Conflict, InvalidInput
+from harness.schema import layer_validate
+from orchestrator.agents.models import (
+    Employee,
+    FailoverRoute,
+    ModelEndpoint,
+    SubAgentBinding,
+    employee_harness_problems,
+)
+from orchestrator.errors import Conflict, InvalidInput, NotFound
 from runtime.model_config import ModelParams
 
 
@@ -138,11 +145,23 @@ def model_endpoint_delete(*, endpoint: ModelEndpoint) -> None:
         ) from None
 
 
+def _check_harness(employee: Employee) -> None:
+    """The employee's harness fields, with pointers into them (``/harness/limits/maxTokens``);
+    the inline layer is stored as validated (camelCase, only the keys it states)."""
+    employee.harness_tag = (employee.harness_tag or "").strip()
+    problems = employee_harness_problems(employee.harness_tag, employee.harness)
+    if problems:
+        raise _invalid(problems)
+    employee.harness = layer_validate(employee.harness).model_dump(exclude_unset=True)
+
+
 @transaction.atomic
 def employee_create(
     *, username: str, endpoint: ModelEndpoint, params: ModelParams | None = None, **fields: Any
 ) -> Employee:
+    """Create an employee; ``harness_tag`` and ``harness`` are its own harness layers."""
     employee = Employee(username=username, endpoint=endpoint, params=_params_dict(params), **fields)
+    _check_harness(employee)
     _full_clean(employee)
     employee.save()
     return employee
@@ -162,6 +181,7 @@ def employee_update(
     if params is not None:
         employee.params = _params_dict(params)
         changed.append("params")
+    _check_harness(employee)
     _full_clean(employee)
     employee.save(update_fields=[*changed, "updated_at"])
     return employee
@@ -169,3 +189,50 @@ def employee_update(
 
 def employee_delete(*, employee: Employee) -> None:
     employee.delete()
+
+
+# --- Sub-agent bindings (docs/sub-agents.md) ----------------------------------------------------
+
+
+def sub_agent_bindings(*, parent: Employee) -> list[SubAgentBinding]:
+    """The employees ``parent`` may dispatch sub-agent tasks to, oldest binding first."""
+    return list(
+        SubAgentBinding.objects.filter(parent=parent)
+        .select_related("child", "endpoint")
+        .order_by("created_at", "id")
+    )
+
+
+@transaction.atomic
+def sub_agent_binding_create(
+    *,
+    parent: Employee,
+    child: Employee,
+    endpoint: ModelEndpoint | None = None,
+    model: str = "",
+    alternatives: Sequence[str] = (),
+) -> SubAgentBinding:
+    """Bind ``child`` to ``parent`` as a sub-agent (409 when it already is), with an optional
+    model override (``endpoint`` and/or ``model``) and ``alternatives`` to try in order."""
+    if SubAgentBinding.objects.filter(parent=parent, child=child).exists():
+        raise Conflict(f"{child.username} is already a sub-agent of {parent.username}.")
+    binding = SubAgentBinding(
+        parent=parent,
+        child=child,
+        endpoint=endpoint,
+        model=model.strip(),
+        alternatives=list(alternatives),
+    )
+    _full_clean(binding)
+    binding.save()
+    return binding
+
+
+@transaction.atomic
+def sub_agent_binding_delete(*, parent: Employee, child_username: str) -> None:
+    """Remove the binding of ``child_username`` to ``parent`` (404 when there is none)."""
+    deleted, _ = SubAgentBinding.objects.filter(
+        parent=parent, child__username=child_username
+    ).delete()
+    if not deleted:
+        raise NotFound(f"{child_username} is not a sub-agent of {parent.username}.")

@@ -2,10 +2,18 @@ from __future__ import annotations
 
 from rest_framework.routers import SimpleRouter
 
-from orchestrator.agents.api import EmployeeViewSet, ModelEndpointViewSet
+from orchestrator.agents.api import (
+    SLUG,
+    EmployeeViewSet,
+    ModelEndpointViewSet,
+    SubAgentBindingViewSet,
+)
 
 router = SimpleRouter(trailing_slash=False)
 router.register("model-endpoints", ModelEndpointViewSet, basename="model-endpoint")
+router.register(
+    rf"employees/(?P<username>{SLUG})/sub-agents", SubAgentBindingViewSet, basename="sub-agent"
+)
 router.register("employees", EmployeeViewSet, basename="employee")
 
 urlpatterns = router.urls

@@ -44,6 +44,9 @@ class Invocation:
     #: The compiled harness settings of the role's snapshot (fixed for the run); ``None`` when
     #: the run has no snapshot for the role, which denies whatever the harness must allow.
     harness: Mapping[str, Any] | None = None
+    #: The snapshot's ``provenance``: compiled field path (``paths.deny``) -> the layer that
+    #: decided it (``profile:x@1``), named in refusals.
+    harness_provenance: Mapping[str, str] | None = None
     #: The tools the employee binds (its ``tools`` list, as read when the invocation began).
     bound_tools: frozenset[str] = frozenset()
     #: The run pattern's ``approvals.autoAllowlist``: tools whose ``ask`` is waived.

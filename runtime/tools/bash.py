@@ -2,10 +2,19 @@
 
 The command runs under bubblewrap (``sandbox``, see docs/sandbox.md) with the run's
 working directory bound read-write at ``/workdir`` (its working directory and ``HOME``) and
-nothing else of the host writable or visible besides ``/usr``. The network is denied unless
-the run's harness says ``isolation.networkAccess: allow`` (``restricted`` is denied until the
-allowlisting proxy exists). The command gets the tool's timeout (less what the loop's own
-per-call deadline leaves), the sandbox's rlimits, and its output is cut at the tool's maximum.
+nothing else of the host writable or visible besides ``/usr``. The calling invocation's
+compiled harness (``ToolContext.invocation.harness``; outside a run, the one
+:func:`network_access` set) decides the rest:
+
+- ``isolation.networkAccess``: ``deny`` (also without a harness) no network; ``allow`` the host
+  network; ``restricted`` only HTTP(S) to ``isolation.allowedHosts``, through an allowlisting
+  proxy started for the command (``runtime.egress_proxy``; refused hosts are listed in the
+  result);
+- ``paths.deny`` and ``paths.maxFiles``: denied paths are masked inside the sandbox, and what
+  the command created or changed against them is undone afterwards (:mod:`.bash_paths`).
+
+The command gets the tool's timeout (less what the loop's own per-call deadline leaves), the
+sandbox's rlimits, and its output is cut at the tool's maximum.
 
 Where bubblewrap cannot run, the tool is not offered at all (:func:`bash_tool` returns None):
 the rlimit-only escape hatch of the sandbox is never used for model-written commands.
@@ -33,8 +42,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.egress_proxy import egress_for, egress_notes
 from runtime.tools.base import ToolContext, ToolError, ToolResult
+from runtime.tools.bash_paths import Enforcement, TreeScan, enforce, prepare
 from runtime.tools.ledger import EffectLedger, LedgerEntry, MemoryLedger, digest
+from runtime.tools.workspace import PathRules
 from runtime.truncation import truncate_output
 from runtime.types import Effect, ToolSpec
 from sandbox import (
@@ -58,9 +70,11 @@ BASH_PATH = "/usr/bin/bash"
 _DEADLINE_MARGIN_SECONDS = 1.0
 _MAX_COMMAND_CHARS = 100_000
 
-#: The harness's ``isolation.networkAccess`` of the invocation being run; set by the invoker
-#: around the loop (:func:`network_access`). Unset means denied.
-_NETWORK: contextvars.ContextVar[str] = contextvars.ContextVar("bash_network", default="deny")
+#: The harness settings of the invocation being run, for calls whose ``ToolContext`` carries
+#: no invocation; set around the loop (:func:`network_access`). Unset means denied.
+_SETTINGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "bash_harness", default=None
+)
 
 BASH_SPEC = ToolSpec(
     name="bash",
@@ -111,21 +125,35 @@ class BashConfig:
 
 @contextlib.contextmanager
 def network_access(harness_settings: Mapping[str, Any] | None) -> Iterator[None]:
-    """Run the body (an invocation) with the network mode its harness grants to ``bash``."""
-    isolation = (harness_settings or {}).get("isolation") or {}
-    mode = isolation.get("networkAccess") if isinstance(isolation, Mapping) else None
-    token = _NETWORK.set(mode if mode in ("deny", "restricted", "allow") else "deny")
+    """Run the body with the network ``harness_settings`` grant to ``bash`` calls that carry
+    no invocation of their own (a call's ``ToolContext.invocation`` takes precedence)."""
+    token = _SETTINGS.set(harness_settings)
     try:
         yield
     finally:
-        _NETWORK.reset(token)
+        _SETTINGS.reset(token)
+
+
+def network_of(settings: Mapping[str, Any] | None) -> tuple[Network, tuple[str, ...]]:
+    """The sandbox network mode and allowed hosts ``settings`` grant; no settings: deny."""
+    isolation = (settings or {}).get("isolation") or {}
+    if not isinstance(isolation, Mapping):
+        return "deny", ()
+    mode = isolation.get("networkAccess")
+    hosts = tuple(str(h) for h in isolation.get("allowedHosts") or () if isinstance(h, str))
+    if mode == "allow":
+        return "allow", ()
+    return ("restricted", hosts) if mode == "restricted" else ("deny", ())
 
 
 def current_network() -> Network:
-    mode = _NETWORK.get()
-    if mode == "allow":
-        return "allow"
-    return "restricted" if mode == "restricted" else "deny"
+    return network_of(_SETTINGS.get())[0]
+
+
+def _settings_of(context: ToolContext) -> Mapping[str, Any] | None:
+    if context.invocation is not None:
+        return context.invocation.harness
+    return _SETTINGS.get()
 
 
 def sandbox_unavailable_reason(config: SandboxConfig | None = None) -> str | None:
@@ -162,37 +190,60 @@ class BashTool:
         if context.reissued and (done := self._recorded(context, command)) is not None:
             return done
         timeout = self._timeout(arguments, context)
-        request = SandboxRequest(
-            language="python",
-            code=_trampoline(command),
-            env={"LOOPWRIGHT_IDEMPOTENCY_KEY": context.idempotency_key},
-            timeout_seconds=timeout,
-            limits=self.config.limits,
-            output_cap_bytes=self.config.output_cap_bytes,
-            network=current_network(),
-            workdir=workdir,
-        )
+        rules = PathRules.of(context.invocation)
+        network, hosts = network_of(_settings_of(context))
         async with _workdir_lock(workdir):
             context.check()
+            before = await asyncio.to_thread(prepare, workdir, rules, rules.max_files)
+            request = SandboxRequest(
+                language="python",
+                code=_trampoline(command),
+                env={"LOOPWRIGHT_IDEMPOTENCY_KEY": context.idempotency_key},
+                timeout_seconds=timeout,
+                limits=self.config.limits,
+                output_cap_bytes=self.config.output_cap_bytes,
+                network=network,
+                workdir=workdir,
+                mask_dirs=tuple(before.mask_dirs) if before else (),
+                mask_files=tuple(before.mask_files) if before else (),
+            )
             try:
-                result = await run_sandboxed_async(request, self.config.sandbox_config())
-            except SandboxUnavailable as exc:
-                raise ToolError(
-                    f"The sandbox cannot run here, so bash is unavailable: {exc}"
-                ) from exc
-            except SandboxRequestError as exc:
-                raise ToolError(f"bash cannot use this working directory: {exc}") from exc
-            except SandboxBusy as exc:
-                raise ToolError(f"Every sandbox is busy; try again later ({exc}).") from exc
+                result, notes = await self._sandboxed(request, hosts, context)
+            except BaseException:
+                # Cancelled or refused: the command is dead; undo what the settings forbid.
+                if before is not None:
+                    _enforce(workdir, before, rules, context)
+                raise
+            kept = await asyncio.to_thread(_enforce, workdir, before, rules, context)
         content = _render(result, timeout, self.config.max_output_chars)
-        killed = result.killed_reason is not None
+        lines = [*notes, *(kept.lines if kept else [])]
+        if lines:
+            content += "\n" + "\n".join(lines)
+        killed = result.killed_reason is not None or bool(kept and kept.refused)
         # After the run and before the journal completes the step: a crash in between
         # re-issues the call, which then returns this output instead of running it again.
         self.config.ledger.put(
             context.idempotency_key,
             LedgerEntry(path="", digest=_command_digest(command), message=content),
         )
-        return ToolResult(content, is_error=killed)
+        written = tuple(kept.written) if kept else ()
+        return ToolResult(content, is_error=killed, files_written=written)
+
+    async def _sandboxed(
+        self, request: SandboxRequest, hosts: tuple[str, ...], context: ToolContext
+    ) -> tuple[SandboxResult, list[str]]:
+        config = self.config.sandbox_config()
+        try:
+            egress = egress_for(request, hosts, config, layer=_hosts_layer(context))
+            async with egress as (proxied, proxy):
+                result = await run_sandboxed_async(proxied, config)
+            return result, egress_notes(proxy)
+        except SandboxUnavailable as exc:
+            raise ToolError(f"The sandbox cannot run here, so bash is unavailable: {exc}") from exc
+        except SandboxRequestError as exc:
+            raise ToolError(f"bash cannot use this working directory: {exc}") from exc
+        except SandboxBusy as exc:
+            raise ToolError(f"Every sandbox is busy; try again later ({exc}).") from exc
 
     def _recorded(self, context: ToolContext, command: str) -> ToolResult | None:
         entry = self.config.ledger.get(context.idempotency_key)
@@ -209,6 +260,22 @@ class BashTool:
         if timeout <= 0:
             raise ToolError("No time is left for this call; run it as a separate step.")
         return timeout
+
+
+def _hosts_layer(context: ToolContext) -> str:
+    provenance = (context.invocation.harness_provenance if context.invocation else None) or {}
+    layer = provenance.get("isolation.allowedHosts")
+    return f" (set by {layer})" if layer else ""
+
+
+def _enforce(
+    workdir: str, before: TreeScan | None, rules: PathRules, context: ToolContext
+) -> Enforcement | None:
+    if before is None:
+        return None
+    kept = enforce(workdir, before, rules, rules.max_files, set(context.files_written))
+    context.files_written.update(kept.written)
+    return kept
 
 
 def _workdir(context: ToolContext) -> str:

@@ -1,8 +1,12 @@
 """Builtin file tools: ``read``, ``list`` (effect read), ``write``, ``edit`` (effect write).
 
 All four are confined to the invocation's working directory (see :mod:`.workspace`) and refuse
-paths that match the registry's deny patterns. ``write`` and ``edit`` also count the distinct
-files written in the invocation against ``max_files`` and record each effect in the ledger
+paths that match the registry's deny patterns or the harness's ``paths.deny`` (read from the
+calling invocation's compiled settings, ``ToolContext.invocation.harness``); ``list`` leaves
+such entries out. ``write`` and ``edit`` also count the distinct files written in the
+invocation against the lower of ``max_files`` and the harness's ``paths.maxFiles`` (the
+refusal names the setting and its layer when the harness value binds) and record each effect
+in the ledger
 under the call's idempotency key (see :mod:`.ledger`). Blocking file I/O runs in a thread so a
 slow disk never stalls the other calls of the step.
 """
@@ -23,9 +27,9 @@ from runtime.tools.ledger import EffectLedger, LedgerEntry, MemoryLedger, digest
 from runtime.tools.registry import ToolRegistry
 from runtime.tools.workspace import (
     DEFAULT_DENY_PATTERNS,
+    PathRules,
     PathTarget,
     Workspace,
-    denied_by,
 )
 from runtime.types import Effect, ToolSpec
 
@@ -66,7 +70,8 @@ class _FileTool(abc.ABC):
         return await asyncio.to_thread(self._run, arguments, context)
 
     def _run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        workspace = Workspace(context.workdir, self.config.deny_patterns)
+        rules = PathRules.of(context.invocation)
+        workspace = Workspace(context.workdir, self.config.deny_patterns, rules)
         return self.execute(workspace, arguments, context)
 
     @abc.abstractmethod
@@ -164,7 +169,7 @@ def _walk(workspace: Workspace, top: Path, recursive: bool, context: ToolContext
             continue
         for child in children:
             relative = Path(child.path).relative_to(workspace.root).as_posix()
-            if denied_by(relative, workspace.deny_patterns):
+            if workspace.hidden(relative):
                 continue
             shown = Path(child.path).relative_to(top).as_posix()
             if child.is_symlink():
@@ -292,16 +297,27 @@ def _already_applied(
     return ToolResult(f"{entry.message} (already applied)", files_written=(target.relative,))
 
 
-def _reserve(context: ToolContext, relative: str, max_files: int | None) -> bool:
+def max_files_limit(config_max: int | None, rules: PathRules) -> tuple[int | None, str]:
+    """The binding ``maxFiles`` of a call (the lower of the tool's and the harness's) and how
+    a refusal names it."""
+    harness = rules.max_files
+    if harness is not None and (config_max is None or harness <= config_max):
+        return harness, f"refused by {rules.max_files_reason()}"
+    return config_max, "refused"
+
+
+def _reserve(
+    context: ToolContext, relative: str, max_files: int | None, why: str = "refused"
+) -> bool:
     """Count ``relative`` as written; False when it was counted already."""
     with _RESERVE_LOCK:
         if relative in context.files_written:
             return False
         if max_files is not None and len(context.files_written) >= max_files:
-            written = ", ".join(sorted(context.files_written))
+            written = ", ".join(sorted(context.files_written)) or "none yet"
             raise ToolError(
-                f"Not written: this invocation may write at most {max_files} distinct files "
-                f"and has written {written}. Change one of those files or finish."
+                f"Not written ({why}): this invocation may write at most {max_files} distinct "
+                f"files and has written {written}. Change one of those files or finish."
             )
         context.files_written.add(relative)
         return True
@@ -316,7 +332,8 @@ def _commit(
     message: str,
 ) -> ToolResult:
     context.check()
-    newly_counted = _reserve(context, target.relative, config.max_files)
+    limit, why = max_files_limit(config.max_files, workspace.rules)
+    newly_counted = _reserve(context, target.relative, limit, why)
     try:
         # The ledger entry goes first: a crash after the rename must find it on the re-issue.
         config.ledger.put(

@@ -16,10 +16,12 @@ import fnmatch
 import os
 import stat
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from runtime.tools.base import ToolError
+from runtime.tools.base import Invocation, ToolError
 
 #: Refused by default: Git internals (hooks run code), environment files and private keys.
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
@@ -65,12 +67,82 @@ def denied_by(relative: str, patterns: tuple[str, ...]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class PathRules:
+    """The harness's ``paths`` section of the calling invocation, as the tools apply it.
+
+    Read from ``ToolContext.invocation.harness`` (the role's compiled settings); no
+    invocation or no ``paths`` section adds nothing to the registry's own defaults.
+    """
+
+    deny: tuple[str, ...] = ()
+    max_files: int | None = None
+    #: The layers that decided each field (snapshot provenance), for the refusal messages.
+    deny_layer: str = ""
+    max_files_layer: str = ""
+
+    @classmethod
+    def of(cls, invocation: Invocation | None) -> PathRules:
+        settings: Mapping[str, Any] = (invocation.harness if invocation else None) or {}
+        paths = settings.get("paths") or {}
+        provenance = (invocation.harness_provenance if invocation else None) or {}
+        deny = paths.get("deny") or ()
+        max_files = paths.get("maxFiles")
+        return cls(
+            deny=tuple(str(p) for p in deny if isinstance(p, str) and p.strip("/")),
+            max_files=max_files if isinstance(max_files, int) and max_files >= 0 else None,
+            deny_layer=_layer(provenance.get("paths.deny")),
+            max_files_layer=_layer(provenance.get("paths.maxFiles")),
+        )
+
+    def denied(self, relative: str) -> str | None:
+        """The refusal for a workdir-relative path the harness denies, or None."""
+        pattern = denied_by(relative, self.deny) or denied_below(relative, self.deny)
+        if pattern is None or relative == ".":
+            return None
+        return f"refused by paths.deny {pattern!r}{self.deny_layer}"
+
+    def deny_reason(self) -> str:
+        return f"denied by paths.deny{self.deny_layer}"
+
+    def max_files_reason(self) -> str:
+        return f"paths.maxFiles = {self.max_files}{self.max_files_layer}"
+
+
+def _layer(value: Any) -> str:
+    if not value:
+        return ""
+    if isinstance(value, list | tuple):
+        value = ", ".join(str(v) for v in value)
+    return f" (set by {value})"
+
+
+def denied_below(relative: str, patterns: tuple[str, ...]) -> str | None:
+    """The pattern that denies *everything below* ``relative`` (``secrets/**`` or
+    ``secrets/*`` for ``secrets``), if any: such a directory is itself treated as denied (not
+    listed, not opened, hidden whole from bash)."""
+    if relative == ".":
+        return None
+    for pattern in patterns:
+        clean = pattern.strip("/")
+        for suffix in ("/**", "/*"):
+            # "<dir>/" has a "/", so it matches the path itself or one of its parents.
+            if clean.endswith(suffix) and denied_by(relative, (clean[: -len(suffix)] + "/",)):
+                return pattern
+    return None
+
+
 def _inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
 class Workspace:
-    def __init__(self, workdir: str | None, deny_patterns: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        workdir: str | None,
+        deny_patterns: tuple[str, ...],
+        rules: PathRules | None = None,
+    ) -> None:
         if not workdir:
             raise ToolError("This invocation has no working directory, so file tools are off.")
         root = Path(os.path.realpath(workdir))
@@ -80,6 +152,7 @@ class Workspace:
         #: The working directory as given (it may itself be reached through a symlink).
         self.given_root = Path(os.path.abspath(workdir))
         self.deny_patterns = deny_patterns
+        self.rules = rules or PathRules()
 
     def _lexical_relative(self, given: str) -> str | None:
         """``given`` relative to the workspace with ``..`` folded, or None when outside."""
@@ -106,7 +179,17 @@ class Workspace:
             pattern = denied_by(name, self.deny_patterns)
             if pattern and name != ".":
                 raise ToolError(f"Path {given!r} is protected (deny pattern {pattern!r}).")
+            refusal = self.rules.denied(name)
+            if refusal:
+                raise ToolError(
+                    f"Path {given!r} is {refusal}: the harness keeps it from every file tool "
+                    "and bash. Work without it."
+                )
         return PathTarget(given=given, real=real, relative=relative)
+
+    def hidden(self, relative: str) -> bool:
+        """Whether a listing leaves ``relative`` out (a default or a harness deny)."""
+        return bool(denied_by(relative, self.deny_patterns) or self.rules.denied(relative))
 
     def verify_descriptor(self, fd: int, target: PathTarget) -> None:
         """Refuse a descriptor that ended up outside the workspace (a symlink swapped in)."""

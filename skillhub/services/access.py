@@ -10,7 +10,10 @@ snapshot of the role they play in the run:
   ``skill_hub_execute`` a plan of ``ask`` is refused too (the call must go through the skill's
   own tool, where the loop's approval gate applies), so the generic tool cannot bypass a gate
   (unless the run pattern's ``autoAllowlist`` waives that gate, as it does for the tool itself).
-* The sandbox gets the network only when the harness says ``isolation.networkAccess: allow``.
+* The sandbox's network is the harness's ``isolation.networkAccess``: ``allow`` the host
+  network, ``restricted`` HTTP(S) to ``isolation.allowedHosts`` only (through the allowlisting
+  egress proxy, ``runtime.egress_proxy``), anything else or no harness ``deny``. People running a
+  skill themselves get ``deny``.
 """
 
 from __future__ import annotations
@@ -148,6 +151,24 @@ def _requires_review(skill: Skill) -> bool:
 
 
 def skill_network(caller: Caller) -> str:
-    """``allow`` only when the caller's harness allows network access; else ``deny``."""
+    """The sandbox network mode the caller's harness grants: ``allow``, ``restricted`` (see
+    :func:`skill_allowed_hosts`) or ``deny`` (also without a harness)."""
+    return skill_egress(caller)[0]
+
+
+def skill_allowed_hosts(caller: Caller) -> tuple[str, ...]:
+    """The hosts a ``restricted`` sandbox may reach (``isolation.allowedHosts``); () otherwise."""
+    return skill_egress(caller)[1]
+
+
+def skill_egress(caller: Caller) -> tuple[str, tuple[str, ...]]:
     isolation = (caller.harness or {}).get("isolation") or {}
-    return "allow" if isolation.get("networkAccess") == "allow" else "deny"
+    if not isinstance(isolation, Mapping):
+        return "deny", ()
+    mode = isolation.get("networkAccess")
+    if mode == "allow":
+        return "allow", ()
+    if mode == "restricted":
+        hosts = isolation.get("allowedHosts") or ()
+        return "restricted", tuple(str(h) for h in hosts if isinstance(h, str))
+    return "deny", ()

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -33,8 +34,10 @@ from jsonschema import Draft202012Validator
 from orchestrator import sql
 from orchestrator.errors import InvalidInput
 from orchestrator.queue import enqueue
+from runtime.egress_proxy import run_restricted
 from sandbox import (
     MiB,
+    Network,
     OutputMeter,
     SandboxError,
     SandboxLimits,
@@ -54,6 +57,7 @@ from skillhub.services.access import (
     Caller,
     SkillRateLimited,
     skill_access_check,
+    skill_allowed_hosts,
     skill_network,
 )
 from skillhub.services.events import event_append
@@ -171,6 +175,7 @@ def _create(
         timeout_seconds=skill.timeout_seconds,
         output_cap_bytes=skill.max_output_size_mb * MiB,
         network=skill_network(caller),
+        allowed_hosts=list(skill_allowed_hosts(caller)),
         principal=caller.principal,
         origin=origin,
         run_id=caller.run_id,
@@ -271,7 +276,7 @@ def sandbox_request_for(
         timeout_seconds=float(execution.timeout_seconds),
         limits=SandboxLimits(cpu_seconds=max(1, int(execution.timeout_seconds))),
         output_cap_bytes=cap,
-        network="allow" if execution.network == "allow" else "deny",
+        network=_NETWORKS.get(execution.network, "deny"),
         collect_outputs="*",
         output_file_cap_bytes=cap,
         output_total_cap_bytes=max(cap, 5 * cap),
@@ -299,7 +304,7 @@ def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | No
         if missing:
             execution_fail(lease=lease, error=packages_missing_text(missing, execution.language))
             return SkillExecution.objects.get(pk=execution_id)
-        result = _run_watched(lease, request)
+        result = _run_watched(lease, request, execution.allowed_hosts or ())
     except SandboxError as exc:
         execution_fail(lease=lease, error=f"{type(exc).__name__}: {exc}")
     else:
@@ -395,11 +400,19 @@ class _Watcher:
             self.announce_start()
 
 
-def _run_watched(lease: ExecutionLease, request: SandboxRequest) -> SandboxResult:
+#: A stored network mode as the sandbox's; anything else is denied.
+_NETWORKS: dict[str, Network] = {"allow": "allow", "restricted": "restricted"}
+
+
+def _run_watched(
+    lease: ExecutionLease, request: SandboxRequest, allowed_hosts: Sequence[str]
+) -> SandboxResult:
     meter = OutputMeter()
     watcher = _Watcher(lease, meter)
     watcher.thread.start()
     try:
+        if request.network == "restricted":  # behind the allowlisting proxy
+            return run_restricted(request, allowed_hosts, meter=meter)
         return run_sandboxed(request, meter=meter)
     finally:
         watcher.finish()

@@ -29,6 +29,7 @@ from tests.support.bash_chaos import (
     lent,
     lines,
     script_reply,
+    start_approver,
     workspace_of,
 )
 from tests.support.chaos import log_tails, owner_prefix
@@ -62,6 +63,7 @@ def test_a_worker_killed_during_bash_leaves_a_run_that_resumes_and_succeeds(
     tmp_path: Path, workers: list[WorkerProcess], procs: list[Any], model: ModelServer
 ) -> None:
     pattern = bash_pattern("bash-kill", model.url, git_repository(tmp_path / "repo"))
+    start_approver(procs, pattern)  # bash is high-risk: at L1 a human approves each call
     start_beat(procs, tmp_path, 1.0)
     first = start_worker(workers, tmp_path, "first", **AGENT)
     run = run_trigger(pattern=pattern, actor="operator", inputs={"label": "kill"})
@@ -74,7 +76,7 @@ def test_a_worker_killed_during_bash_leaves_a_run_that_resumes_and_succeeds(
         message=log_tails(workers),
     )
     [bash_step] = LoopStep.objects.filter(run=run, kind="tool", name="bash")
-    assert bash_step.status == "started"
+    assert bash_step.status == "approved"  # a gated call runs as its approved step
     assert LoopRun.objects.get(pk=run.id).lease_owner.startswith(owner_prefix(first))
     first.kill()
     # What used to make the run unrecoverable: the workspace is still the sandbox uid's.

@@ -48,6 +48,7 @@ from tests.support.bash_chaos import (
     lent,
     lines,
     script_reply,
+    start_approver,
     workspace_of,
 )
 from tests.support.chaos import leased_by, log_tails, owner_prefix, run_history
@@ -62,6 +63,8 @@ pytestmark = [
 ]
 
 RUNS = 100
+#: Runs the feeder may add past RUNS when the kills have not all landed during a command yet.
+MAX_RUNS = 200
 INITIAL_RUNS = 10
 BASH_KILLS = 10
 MAX_KILLS = 24
@@ -96,7 +99,10 @@ def model() -> Iterator[ModelServer]:
 def _commands_running(prefix: str) -> set[uuid.UUID]:
     """Runs held by this worker whose ``bash`` command is running now (lent workspace)."""
     started = LoopStep.objects.filter(
-        kind="tool", name="bash", status="started", run__lease_owner__startswith=prefix
+        kind="tool",
+        name="bash",
+        status__in=("started", "approved"),  # an approved (gated) call runs as "approved"
+        run__lease_owner__startswith=prefix,
     ).values_list("run_id", flat=True)
     return {run_id for run_id in started if lent(workspace_of(run_id))}
 
@@ -135,10 +141,10 @@ class Feeder:
         self.pattern, self.created, self.limit, self.last = pattern, 0, INITIAL_RUNS, 0.0
 
     def allow(self, more: int) -> None:
-        self.limit = min(RUNS, self.limit + more)
+        self.limit = min(MAX_RUNS, self.limit + more)
 
     def feed(self, *, all_now: bool = False) -> None:
-        while self.created < (RUNS if all_now else self.limit):
+        while self.created < (max(RUNS, self.limit) if all_now else self.limit):
             if not all_now and time.monotonic() - self.last < FEED_SECONDS:
                 return
             index = self.created
@@ -161,9 +167,20 @@ def _chaos(
     per_kill = (RUNS - INITIAL_RUNS) // BASH_KILLS
     while sum(1 for k in kills if k.lent) < BASH_KILLS and len(kills) < MAX_KILLS:
         _pause(feeder, rng.uniform(0.5, 2.0))
-        waited = time.monotonic()
+        waited = idle_since = time.monotonic()
         hit_before = {run_id for kill in kills for run_id in kill.hit}
         while (victim := _victim(workers, rng, hit_before)) is None:
+            if (
+                feeder.created >= MAX_RUNS
+                and time.monotonic() - idle_since > 4 * VICTIM_WAIT_SECONDS
+            ):
+                # Every run is in, and none runs a command to kill: say why, do not spin.
+                raise AssertionError(
+                    f"no command to kill for {4 * VICTIM_WAIT_SECONDS:.0f} s after all {MAX_RUNS} "
+                    f"runs were fed; {len(kills)} kills so far; ready workers "
+                    f"{[w.name for w in workers if w.is_ready()]}; {_summary()}"
+                    + log_tails(workers)
+                )
             if time.monotonic() - waited > VICTIM_WAIT_SECONDS:
                 # Every run fed so far may have ended: let more in.
                 feeder.allow(per_kill)
@@ -195,6 +212,7 @@ def test_workers_killed_during_bash_leave_every_run_to_end_for_a_reason_of_its_o
         maxAttempts=MAX_KILLS + 2,
         circuitBreaker={"failureThreshold": 50},
     )
+    start_approver(procs, pattern)  # bash is high-risk: at L1 a human approves each call
     start_beat(procs, tmp_path, 1.0)
     for name in ("w1", "w2", "w3", "w4"):
         start_worker(workers, tmp_path, name, **WORKER_ENV)
@@ -204,7 +222,7 @@ def test_workers_killed_during_bash_leave_every_run_to_end_for_a_reason_of_its_o
     kills = _chaos(workers, tmp_path, feeder, rng)
     ended = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
     wait_for(
-        lambda: LoopRun.objects.filter(pattern=pattern, status__in=ended).count() == RUNS,
+        lambda: LoopRun.objects.filter(pattern=pattern, status__in=ended).count() == feeder.created,
         timeout=300,
         interval=0.5,
         message="not every run ended:\n" + _summary() + log_tails([*workers, *procs]),

@@ -35,8 +35,9 @@ from django.utils import timezone
 from loops.models import LoopEvent, LoopRun, RunStatus
 from loops.services import budget_sql, claims, transitions
 from loops.services.claims import run_claim, run_heartbeat, runs_reap
-from loops.worker import engine
+from loops.worker import model_waits
 from orchestrator.sql import now_sql
+from runtime.invocation import RetryLater
 from tests.e2e.conftest import start_beat, start_worker
 from tests.support.chaos import (
     attempts_per_key,
@@ -103,14 +104,14 @@ def test_a_skewed_python_clock_changes_no_lease_decision(skew: timedelta) -> Non
 
 
 def test_a_retry_delay_is_measured_on_the_database_clock() -> None:
-    """Fails today: ``engine._park_for_retry`` (and ``_park_for_lock``,
+    """Fails today: ``model_waits.park_for_retry`` (and ``_park_for_lock``,
     ``locks._wake_lock_waiters``) compute ``not_before`` from the worker's clock, so a worker
     120 s ahead parks a 30 s retry for 150 s, and one 120 s behind retries at once."""
     make_run()
     [claim] = run_claim(owner="skewed", lease_seconds=30)
     start_claimed(claim)
     with time_machine.travel(timezone.now() + SKEW, tick=True):
-        engine._park_for_retry(claim.lease, "endpoint down", 30)
+        model_waits.park_for_retry(claim.lease, RetryLater("endpoint down", 30), {})
     run = LoopRun.objects.get(pk=claim.lease.run_id)
     delay = (run.not_before - database_now()).total_seconds()
     assert 25 < delay <= 30, f"a 30 s retry is due in {delay:.0f} s by the database clock"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from loops.models import LoopRun, LoopStep, RunStatus
-from loops.services.runs import run_trigger
+from loops.services.runs import run_act, run_trigger
 from loops.services.workspaces import workspace_path
 from orchestrator.agents.services import employee_create, model_endpoint_create
 from tests.e2e.conftest import start_beat, start_worker
@@ -34,6 +34,7 @@ from tests.support.approvals import (
     role_of,
     tool_results,
 )
+from tests.support.bash_chaos import PASSED, autonomous_on, git_repository
 from tests.support.chaos import log_tails, owner_prefix
 from tests.support.model_server import Completion, Hangup, ModelServer, RecordedRequest
 from tests.support.workers import WorkerProcess, wait_for
@@ -104,7 +105,7 @@ def model(script: CrashScript) -> Iterator[ModelServer]:
 
 
 @pytest.fixture
-def pattern(model: ModelServer) -> Any:
+def pattern(model: ModelServer, tmp_path: Path) -> Any:
     endpoint = model_endpoint_create(
         name="crash-loopback",
         provider="openai",
@@ -116,11 +117,12 @@ def pattern(model: ModelServer) -> Any:
     employee_create(username=LEADER, endpoint=endpoint, tools=["read", "list"])
     employee_create(username=MAKER, endpoint=endpoint, tools=["bash", "read"])
     employee_create(username=VERIFIER, endpoint=endpoint, tools=["read"])
-    # bash is an external-effect tool (gated by default); the pattern waives the human gate.
+    # bash is an external-effect (high-risk) tool, gated by default: the pattern waives the
+    # human gate, which only autonomy L3 (a repository identity and a worktree) allows.
     return approval_pattern(
         "crash-resume",
         verifier_username=VERIFIER,
-        policy={"approvals": {"autoAllowlist": ["bash"]}},
+        **autonomous_on(git_repository(tmp_path / "repo")),
     )
 
 
@@ -150,14 +152,16 @@ def test_a_run_killed_after_a_tool_completed_resumes_elsewhere_without_rerunning
     wait_for(
         lambda: (
             LoopRun.objects.get(pk=run.id).status
-            in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
+            in (RunStatus.WAITING_HUMAN, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
         ),
         timeout=WAIT,
         interval=0.5,
         message=log_tails([*workers, *procs]),
     )
     final = LoopRun.objects.get(pk=run.id)
-    assert final.status == RunStatus.SUCCEEDED, (final.status, log_tails(workers))
+    # At L3 the verifier's pass waits for a human to accept the result.
+    assert (final.status, final.terminal_reason) == PASSED, (final.status, log_tails(workers))
+    assert run_act(run_id=run.id, action="accept", actor="operator").status == RunStatus.SUCCEEDED
 
     # The tool ran once: one effect, one tool step, untouched since before the kill.
     assert effects.read_text() == "ran\n"

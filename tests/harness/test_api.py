@@ -92,6 +92,14 @@ def test_only_admins_write(api_client_for: Clients, persona: str) -> None:
     problem(client.delete(f"{BASE}/default"), 403)
 
 
+@pytest.mark.parametrize("tag", ["compile", "validate", "create-profile"])
+def test_a_tag_that_names_a_collection_action_is_refused(admin: APIClient, tag: str) -> None:
+    body = problem(
+        admin.post(f"{BASE}/create-profile", {"tag": tag, "settings": {}}, format="json"), 400
+    )
+    assert "reserved" in body["detail"]
+
+
 def test_a_duplicate_tag_is_a_409(admin: APIClient) -> None:
     body = problem(
         admin.post(f"{BASE}/create-profile", {"tag": "safe", "settings": {}}, format="json"), 409
@@ -322,3 +330,76 @@ def test_openapi_documents_the_endpoints_and_the_settings_schema(api_client_for:
     )
     harness_only = {p: v for p, v in paths.items() if p.startswith("/api/v1/harness-profiles")}
     validate_schema({**schema, "paths": harness_only})
+
+
+# --- Issue 18: features not built, paths and hosts ----------------------------------------------
+
+
+def test_validate_and_create_refuse_a_feature_not_built_naming_why(admin: APIClient) -> None:
+    bad = {"memory": {"enabled": True}, "isolation": {"allowedConnectors": ["github"]}}
+    body = admin.post(f"{BASE}/validate", {"settings": bad}, format="json").json()
+    assert body["valid"] is False
+    found = {e["pointer"]: e for e in body["errors"]}
+    assert set(found) == {"/settings/memory/enabled", "/settings/isolation/allowedConnectors"}
+    assert {e["code"] for e in body["errors"]} == {"not_built"}
+    assert found["/settings/memory/enabled"]["detail"].startswith(
+        "Loopwright has no agent memory yet, so memory.enabled only accepts false"
+    )
+    assert (
+        "no MCP or A2A connectors yet" in found["/settings/isolation/allowedConnectors"]["detail"]
+    )
+    created = problem(
+        admin.post(f"{BASE}/create-profile", {"tag": "mem", "settings": bad}, format="json"), 400
+    )
+    assert sorted(e["pointer"] for e in created["errors"]) == sorted(found)
+    assert not HarnessProfile.objects.filter(tag="mem").exists()
+    off = {"memory": {"enabled": False}, "isolation": {"allowedConnectors": []}}
+    assert admin.post(f"{BASE}/validate", {"settings": off}, format="json").json()["valid"]
+
+
+def test_compile_previews_denied_paths_file_limits_and_allowed_hosts(
+    api_client_for: Clients,
+) -> None:
+    response = api_client_for("viewer").post(
+        f"{BASE}/compile",
+        {
+            "tag": "default",
+            "pattern": {
+                "paths": {"deny": ["secrets/**"], "maxFiles": 7},
+                "isolation": {"allowedHosts": ["pypi.org", "*.github.com"]},
+            },
+            "overrides": {
+                "paths": {"deny": ["*.pem"], "maxFiles": 500},
+                "isolation": {"allowedHosts": ["pypi.org"]},
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["settings"]["paths"] == {"deny": ["*.pem", "secrets/**"], "maxFiles": 7}
+    assert body["provenance"]["paths.deny"] == "run"
+    assert body["provenance"]["paths.maxFiles"] == "pattern"
+    # the seeded default restricts the network to no host at all: nothing widens that
+    assert body["settings"]["isolation"]["allowedHosts"] == []
+    assert body["provenance"]["isolation.allowedHosts"] == "profile:default@1"
+    assert body["settings"]["memory"] == {"enabled": False, "scopes": [], "maxChars": 0}
+
+
+def test_compile_refuses_a_bad_host_or_glob_with_pointers(api_client_for: Clients) -> None:
+    payload = {
+        "tag": "default",
+        "pattern": {"paths": {"deny": [""]}},
+        "overrides": {"isolation": {"allowedHosts": ["https://x.io"]}},
+    }
+    body = problem(api_client_for("viewer").post(f"{BASE}/compile", payload, format="json"), 400)
+    assert [e["pointer"] for e in body["errors"]] == ["/pattern/paths/deny/0"]
+
+
+def test_openapi_documents_paths_and_allowed_hosts(api_client_for: Clients) -> None:
+    schema = api_client_for("viewer").get("/api/schema/", {"format": "json"}).json()
+    layer = schema["components"]["schemas"]["HarnessLayer"]["properties"]
+    assert layer["paths"]["properties"]["maxFiles"]["minimum"] == 0
+    assert layer["paths"]["properties"]["deny"]["type"] == "array"
+    assert "allowedHosts" in layer["isolation"]["properties"]
+    assert "Not built yet" in layer["memory"]["properties"]["enabled"]["description"]

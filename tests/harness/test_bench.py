@@ -21,3 +21,12 @@ def test_the_benchmark_plans_a_realistic_mix_of_decisions() -> None:
     plan = plan_tools(harness_compile(layers()), toolset())
     decisions = {t.decision for t in plan.tools}
     assert decisions == {Decision.ALLOW, Decision.ASK, Decision.DENY}
+
+
+def test_the_benchmark_layers_are_valid_and_bind_the_new_sections() -> None:
+    compiled = harness_compile(layers())
+    settings = compiled.settings  # validates the complete result
+    assert settings.paths.max_files == 40
+    assert compiled.settings_dict()["paths"]["deny"] == ["*.pem", ".env", "secrets/**"]
+    assert compiled.settings_dict()["isolation"]["allowedHosts"] == ["pypi.org"]
+    assert compiled.provenance["isolation.allowedHosts"] == "employee:alice"

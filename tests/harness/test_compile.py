@@ -10,12 +10,14 @@ from harness.compile import (
     DEFAULT_SOURCE,
     RULES,
     TOP,
+    Layer,
     harness_compile,
     layer_from_settings,
     layer_parse,
+    name_set,
     profile_layer,
 )
-from harness.schema import DEFAULT_PLATFORM, HarnessSettings, layer_validate
+from harness.schema import DEFAULT_PLATFORM, NOT_BUILT, HarnessSettings, layer_validate
 
 
 def platform() -> Any:
@@ -48,12 +50,6 @@ def merged(path: str, *values: Any) -> Any:
         ),
         ("tools.effects", ({"a": "external"}, {"a": "write"}), {"a": "external"}),
         ("tools.effects", ({"a": "read"},), {}),
-        ("memory.enabled", (True, False), False),
-        ("memory.enabled", (True, True), True),
-        ("memory.scopes", (["public", "user"], ["user", "agent_user"]), ["user"]),
-        ("memory.maxChars", (500, 200, 300), 200),
-        ("delegation.allowedEmployees", (["alice", "bob"], ["bob"]), ["bob"]),
-        ("delegation.maxDepth", (3, 1), 1),
         ("limits.maxCost", (2.5, 10), 2.5),
         ("limits.timeoutMs", (1000, 0), 0),
         ("isolation.mode", ("none", "worktree"), "worktree"),
@@ -61,17 +57,76 @@ def merged(path: str, *values: Any) -> Any:
         ("isolation.requireWorktree", (False, True, False), True),
         ("isolation.networkAccess", ("allow", "restricted"), "restricted"),
         ("isolation.networkAccess", ("deny", "allow"), "deny"),
-        ("isolation.allowedConnectors", (["github"], ["jira"]), []),
-        ("observability.enabled", (False, True), True),
-        ("observability.captureInputs", (True, False), False),
-        ("observability.captureOutputs", (False, True), False),
-        ("observability.tracingRetentionDays", (90, 30), 30),
+        ("paths.deny", (["secrets/**"], ["*.pem", "secrets/**"]), ["*.pem", "secrets/**"]),
+        ("paths.deny", (["secrets/**"], ["*"]), ["*"]),
+        ("paths.deny", ([], []), []),
+        ("paths.maxFiles", (100, 5, 20), 5),
+        ("paths.maxFiles", (0, 10), 0),
+        (
+            "isolation.allowedHosts",
+            (["api.example.com", "*.corp.io"], ["*.corp.io"]),
+            ["*.corp.io"],
+        ),
+        ("isolation.allowedHosts", (["*"], ["pypi.org"]), ["pypi.org"]),
+        ("isolation.allowedHosts", (["pypi.org"], ["github.com"]), []),
+        # A wildcard domain holds the names under it, not the domain itself.
+        ("isolation.allowedHosts", (["*.example.com"], ["api.example.com"]), ["api.example.com"]),
+        ("isolation.allowedHosts", (["*.example.com"], ["example.com"]), []),
+        (
+            "isolation.allowedHosts",
+            (["*.example.com", "x.org"], ["*.a.example.com", "y.org"]),
+            ["*.a.example.com"],
+        ),
+        ("isolation.allowedConnectors", ([], []), []),
+        ("memory.enabled", (False, False), False),
+        ("memory.scopes", ([], []), []),
+        ("delegation.maxCount", (0, 0), 0),
+        ("observability.enabled", (False,), False),
     ],
 )
 def test_each_field_merges_most_restrictive_wins(
     path: str, values: tuple[Any, ...], expected: Any
 ) -> None:
     assert merged(path, *values) == expected
+
+
+def raw(name: str, path: str, value: Any) -> Layer:
+    """A layer built without the schema: the value may be one the schema refuses today."""
+    return Layer(name, {path: name_set(value) if isinstance(value, list) else value})
+
+
+@pytest.mark.parametrize(
+    ("path", "values", "expected"),
+    [
+        ("memory.enabled", (True, False), False),
+        ("memory.enabled", (True, True), True),
+        ("memory.scopes", (["public", "user"], ["user", "agent_user"]), ["user"]),
+        ("memory.maxChars", (500, 200, 300), 200),
+        ("delegation.allowedEmployees", (["alice", "bob"], ["bob"]), ["bob"]),
+        ("delegation.maxDepth", (3, 1), 1),
+        ("isolation.allowedConnectors", (["github"], ["jira"]), []),
+        ("isolation.allowedConnectors", (["*"], ["jira"]), ["jira"]),
+        ("observability.enabled", (False, True), True),
+        ("observability.captureInputs", (True, False), False),
+        ("observability.captureOutputs", (False, True), False),
+        ("observability.tracingRetentionDays", (90, 30), 30),
+    ],
+)
+def test_the_rules_of_features_not_built_yet_still_merge_most_restrictive_wins(
+    path: str, values: tuple[Any, ...], expected: Any
+) -> None:
+    # The schema accepts only "off" in these fields (test_schema.py); the compiler keeps their
+    # merge rules for the features that will bind them, and this checks those rules directly.
+    section, key = path.split(".")
+    layers = [raw(f"l{i}", path, v) for i, v in enumerate(values)]
+    assert harness_compile(layers).settings_dict()[section][key] == expected
+
+
+def test_the_platform_keeps_every_feature_not_built_yet_off() -> None:
+    values = harness_compile([platform()]).values
+    off = {p: v for p, v in values.items() if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT}
+    assert len(off) == 8  # memory 3, observability 4, allowedConnectors
+    assert all(value in (False, 0, frozenset()) for value in off.values()), off
 
 
 def test_booleans_that_grant_combine_with_and_and_booleans_that_require_with_or() -> None:
@@ -87,11 +142,13 @@ def test_booleans_that_grant_combine_with_and_and_booleans_that_require_with_or(
 
 def test_an_absent_field_does_not_loosen_anything() -> None:
     strict = layer_parse("profile:p@1", {"limits": {"maxTokens": 10}, "tools": {"allow": ["a"]}})
-    silent = layer_parse("pattern", {"memory": {"maxChars": 5}})
+    silent = layer_parse("pattern", {"memory": {"maxChars": 0}, "paths": {"deny": ["x/**"]}})
     empty = layer_parse("run", {})
     result = harness_compile([platform(), strict, silent, empty]).settings_dict()
     assert result["limits"]["maxTokens"] == 10
     assert result["tools"]["allow"] == ["a"]
+    assert result["paths"]["maxFiles"] == DEFAULT_PLATFORM["paths"]["maxFiles"]
+    assert result["isolation"]["allowedHosts"] == ["*"]
 
 
 def test_without_any_layer_every_field_is_at_its_loosest() -> None:
@@ -113,12 +170,21 @@ def test_provenance_names_the_last_layer_that_tightened_each_field() -> None:
         layer_parse("profile:safe@2", {"tools": {"deny": ["write"]}, "limits": {"maxTokens": 100}}),
         layer_parse("pattern", {"tools": {"deny": ["edit"]}, "limits": {"maxTokens": 500}}),
         layer_parse("employee:alice", {"tools": {"deny": ["write"]}, "limits": {"maxTokens": 100}}),
-        layer_parse("run", {"isolation": {"networkAccess": "deny"}}),
+        layer_parse(
+            "run",
+            {
+                "isolation": {"networkAccess": "deny", "allowedHosts": ["pypi.org"]},
+                "paths": {"deny": ["secrets/**"], "maxFiles": 10_000},
+            },
+        ),
     ]
     compiled = harness_compile(layers)
     assert compiled.provenance["tools.deny"] == "pattern"
     assert compiled.provenance["limits.maxTokens"] == "profile:safe@2"
     assert compiled.provenance["isolation.networkAccess"] == "run"
+    assert compiled.provenance["isolation.allowedHosts"] == "run"
+    assert compiled.provenance["paths.deny"] == "run"
+    assert compiled.provenance["paths.maxFiles"] == "platform"  # equal, so not tightened
     assert compiled.provenance["memory.maxChars"] == "platform"
     assert compiled.layers == ("platform", "profile:safe@2", "pattern", "employee:alice", "run")
 

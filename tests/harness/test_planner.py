@@ -155,3 +155,17 @@ def test_decisions_map_each_tool_to_its_decision_and_reason() -> None:
         "d": ("deny", "denied by tools.deny"),
         "n": ("ask", "not explicitly allowed"),
     }
+
+
+def test_a_snapshot_pinned_before_a_schema_change_still_plans_from_its_tools_section() -> None:
+    # A run stored before issue 18: memory on, connectors "*", no paths section. Only the tools
+    # section is read, so the run plans exactly as it did when its snapshot was taken.
+    current = compiled({"allow": ["read"], "deny": ["write"]}).settings_dict()
+    old = {k: v for k, v in current.items() if k != "paths"}
+    old["memory"] = {"enabled": True, "scopes": ["public"], "maxChars": 8000}
+    old["isolation"] = {**old["isolation"], "allowedConnectors": ["*"]}
+    old["isolation"].pop("allowedHosts")
+    tools = [spec("read"), spec("write", Effect.WRITE), spec("bash", Effect.EXTERNAL)]
+    assert plan_tools(old, tools).as_list() == plan_tools(current, tools).as_list()
+    with pytest.raises(ValueError, match="allow"):
+        plan_tools({**old, "tools": {**old["tools"], "allow": "read"}}, tools)

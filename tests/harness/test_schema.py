@@ -14,6 +14,7 @@ from harness.compile import RULES
 from harness.schema import (
     DEFAULT_PLATFORM,
     JSON_SCHEMA_PATH,
+    NOT_BUILT,
     HarnessLayer,
     HarnessSettings,
     SettingsInvalid,
@@ -32,8 +33,8 @@ FULL_LAYER: dict[str, Any] = {
         "effects": {"write": "write", "deploy": "external"},
         "trustedPreHandlerTools": ["edit"],
     },
-    "memory": {"enabled": True, "scopes": ["public", "user", "agent_user"], "maxChars": 1000},
-    "delegation": {"allowedEmployees": ["alice", "bob.smith@corp"], "maxDepth": 1, "maxCount": 2},
+    "memory": {"enabled": False, "scopes": [], "maxChars": 0},
+    "delegation": {"allowedEmployees": [], "maxDepth": 0, "maxCount": 0},
     "limits": {
         "timeoutMs": 1000,
         "recursionLimit": 5,
@@ -42,18 +43,34 @@ FULL_LAYER: dict[str, Any] = {
         "maxTokens": 5,
         "maxCost": 1.5,
     },
+    "paths": {"deny": ["secrets/**", "*.pem"], "maxFiles": 20},
     "isolation": {
         "mode": "worktree",
         "requireWorktree": True,
-        "allowedConnectors": ["github"],
+        "allowedConnectors": [],
         "networkAccess": "restricted",
+        "allowedHosts": ["pypi.org", "*.example.com"],
     },
     "observability": {
-        "enabled": True,
-        "tracingRetentionDays": 7,
+        "enabled": False,
+        "tracingRetentionDays": 0,
         "captureInputs": False,
-        "captureOutputs": True,
+        "captureOutputs": False,
     },
+}
+"""Every field stated: the features not built yet (memory, observability, connectors) at the
+only value the schema accepts for them, "off"; delegation (sub-agents) off too."""
+
+#: A value asking for more than "off", for every field of a feature not built yet.
+NOT_OFF: dict[str, Any] = {
+    "memory.enabled": True,
+    "memory.scopes": ["public"],
+    "memory.maxChars": 1,
+    "isolation.allowedConnectors": ["*"],
+    "observability.enabled": True,
+    "observability.tracingRetentionDays": 7,
+    "observability.captureInputs": True,
+    "observability.captureOutputs": True,
 }
 
 
@@ -215,6 +232,7 @@ def test_the_json_schema_is_valid_draft_2020_12_and_strict() -> None:
         "memory",
         "delegation",
         "limits",
+        "paths",
         "isolation",
         "observability",
     }
@@ -238,8 +256,136 @@ def test_the_json_schema_is_valid_draft_2020_12_and_strict() -> None:
         {"isolation": {"networkAccess": "restricted"}},
         {"isolation": {"networkAccess": None}},
         {"limits": {"unknown": 1}},
+        {"paths": {"deny": ["secrets/**"], "maxFiles": 3}},
+        {"paths": {"deny": [""]}},
+        {"paths": {"maxFiles": -1}},
+        {"isolation": {"allowedHosts": ["*.example.com", "pypi.org"]}},
+        {"isolation": {"allowedHosts": ["https://pypi.org"]}},
+        {"memory": {"enabled": False, "scopes": [], "maxChars": 0}},
+        {"isolation": {"allowedConnectors": []}},
+        # values the validator refuses as not built: the JSON Schema must refuse them too
+        {"memory": {"enabled": True}},
+        {"memory": {"scopes": ["public"]}},
+        {"isolation": {"allowedConnectors": ["github"]}},
+        # delegation binds (sub-agents): more than "off" is accepted
+        {"delegation": {"maxDepth": 1, "maxCount": 3, "allowedEmployees": ["alice", "*"]}},
+        {"observability": {"tracingRetentionDays": 7}},
+        {"observability": {"captureOutputs": True}},
     ],
 )
 def test_the_json_schema_agrees_with_the_validator(data: dict[str, Any]) -> None:
     json_schema_valid = Draft202012Validator(export_json_schema()).is_valid(data)
     assert json_schema_valid == (settings_problems(data) == [])
+
+
+# --- Features not built yet: only "off" --------------------------------------------------------
+
+
+def not_built_paths() -> set[str]:
+    return {p for p in RULES if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT}
+
+
+def test_every_field_of_a_feature_not_built_yet_has_a_refused_value_here() -> None:
+    assert set(NOT_OFF) == not_built_paths()
+
+
+@pytest.mark.parametrize(("path", "value"), sorted(NOT_OFF.items()))
+def test_a_value_asking_for_more_than_off_is_refused_naming_why(path: str, value: Any) -> None:
+    section, key = path.split(".")
+    problems = settings_problems({section: {key: value}})
+    assert [(p["pointer"], p["code"]) for p in problems] == [(f"/{section}/{key}", "not_built")]
+    detail = problems[0]["detail"]
+    why = NOT_BUILT.get(path) or NOT_BUILT[section]
+    off = "[]" if isinstance(value, list) else "false" if isinstance(value, bool) else "0"
+    assert detail == f"{why}, so {path} only accepts {off}: nothing would enforce another value"
+
+
+@pytest.mark.parametrize("path", sorted(NOT_OFF))
+def test_the_off_value_of_a_feature_not_built_yet_is_accepted(path: str) -> None:
+    section, key = path.split(".")
+    off = FULL_LAYER[section][key]
+    assert settings_problems({section: {key: off}}) == []
+    assert DEFAULT_PLATFORM[section][key] == off
+
+
+def test_every_not_built_problem_is_reported_at_once_with_a_prefix() -> None:
+    data: dict[str, dict[str, Any]] = {}
+    for path, value in NOT_OFF.items():
+        section, key = path.split(".")
+        data.setdefault(section, {})[key] = value
+    with pytest.raises(SettingsInvalid) as caught:
+        layer_validate(data, ("settings",))
+    assert sorted(p["pointer"] for p in caught.value.problems) == sorted(
+        "/settings/" + path.replace(".", "/") for path in NOT_OFF
+    )
+    assert {p["code"] for p in caught.value.problems} == {"not_built"}
+
+
+def test_a_wrong_type_in_a_field_not_built_is_a_type_error_not_a_not_built_one() -> None:
+    problems = settings_problems({"memory": {"enabled": "yes", "scopes": ["team"]}})
+    assert sorted((p["pointer"], p["code"]) for p in problems) == [
+        ("/memory/enabled", "bool_type"),
+        ("/memory/scopes/0", "literal_error"),
+    ]
+
+
+def test_compiled_settings_refuse_a_feature_not_built_too() -> None:
+    for path, value in NOT_OFF.items():
+        section, key = path.split(".")
+        data = {**DEFAULT_PLATFORM, section: {**DEFAULT_PLATFORM[section], key: value}}
+        with pytest.raises(ValueError, match="nothing would enforce another value"):
+            HarnessSettings.model_validate(data)
+
+
+# --- paths and isolation.allowedHosts -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"paths": {"deny": ["secrets/**", "*.pem", ".env", "/abs/ok", "dir with space/x"]}},
+        {"paths": {"deny": [], "maxFiles": 0}},
+        {"paths": {"maxFiles": 1_000_000}},
+        {"isolation": {"allowedHosts": ["*"]}},
+        {"isolation": {"allowedHosts": ["api.example.com", "*.example.com", "localhost"]}},
+        {"isolation": {"allowedHosts": ["10.0.0.1", "my-host.internal"]}},
+        {"isolation": {"allowedHosts": []}},
+    ],
+)
+def test_path_globs_file_limits_and_host_patterns_are_accepted(data: dict[str, Any]) -> None:
+    assert settings_problems(data) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "pointer"),
+    [
+        ({"paths": {"deny": [""]}}, "/paths/deny/0"),
+        ({"paths": {"deny": ["ok", "nul\x00byte"]}}, "/paths/deny/1"),
+        ({"paths": {"deny": ["x" * 501]}}, "/paths/deny/0"),
+        ({"paths": {"deny": "secrets/**"}}, "/paths/deny"),
+        ({"paths": {"deny": [3]}}, "/paths/deny/0"),
+        ({"paths": {"deny": ["a"] * 2001}}, "/paths/deny"),
+        ({"paths": {"maxFiles": -1}}, "/paths/maxFiles"),
+        ({"paths": {"maxFiles": 1_000_001}}, "/paths/maxFiles"),
+        ({"paths": {"maxFiles": "5"}}, "/paths/maxFiles"),
+        ({"paths": {"maxFiles": 2.0}}, "/paths/maxFiles"),
+        ({"paths": {"maxFiles": None}}, "/paths/maxFiles"),
+        ({"paths": {"glob": []}}, "/paths/glob"),
+        ({"isolation": {"allowedHosts": ["https://pypi.org"]}}, "/isolation/allowedHosts/0"),
+        ({"isolation": {"allowedHosts": ["pypi.org:443"]}}, "/isolation/allowedHosts/0"),
+        ({"isolation": {"allowedHosts": ["*example.com"]}}, "/isolation/allowedHosts/0"),
+        ({"isolation": {"allowedHosts": ["api.*.com"]}}, "/isolation/allowedHosts/0"),
+        ({"isolation": {"allowedHosts": ["-bad.com"]}}, "/isolation/allowedHosts/0"),
+        ({"isolation": {"allowedHosts": ["a b.com"]}}, "/isolation/allowedHosts/0"),
+        ({"isolation": {"allowedHosts": [""]}}, "/isolation/allowedHosts/0"),
+        (
+            {"isolation": {"allowedHosts": ["ok.com", "a" * 64 + ".com"]}},
+            "/isolation/allowedHosts/1",
+        ),
+        ({"isolation": {"allowedHosts": "pypi.org"}}, "/isolation/allowedHosts"),
+    ],
+)
+def test_bad_path_globs_file_limits_and_hosts_are_refused(
+    data: dict[str, Any], pointer: str
+) -> None:
+    assert pointers(data) == [pointer]

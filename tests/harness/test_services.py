@@ -53,17 +53,20 @@ def test_the_seeded_profiles_exist_with_a_valid_published_first_version(tag: str
     assert settings_problems(profile.current_version.settings) == []
 
 
-def test_safe_is_read_only_offline_and_tightly_limited() -> None:
+def test_safe_is_read_only_offline_and_takes_few_steps() -> None:
     settings = harness_snapshot(tag="safe")["settings"]
-    assert settings["tools"]["allow"] == ["external_rag_search", "list", "read"]
+    assert settings["tools"]["allow"] == ["list", "read"]
     assert {"write", "edit"} <= set(settings["tools"]["deny"])
     assert settings["tools"]["trustedPreHandlerTools"] == []
     assert settings["isolation"]["networkAccess"] == "deny"
-    assert settings["isolation"]["allowedConnectors"] == []
-    assert settings["delegation"]["maxCount"] == 0
+    assert settings["paths"]["maxFiles"] == 0
     default = harness_snapshot(tag="default")["settings"]
-    for key in ("timeoutMs", "maxTokens", "maxCost", "maxToolCalls"):
-        assert settings["limits"][key] < default["limits"][key]
+    assert settings["limits"]["recursionLimit"] < default["limits"]["recursionLimit"]
+    # Run-level limits are judged with the acting role's snapshot: the verifier's default
+    # never refuses a run the seeded maker profiles allowed.
+    for maker in (default, harness_snapshot(tag="file-heavy")["settings"]):
+        for key in ("timeoutMs", "maxInvocations", "maxToolCalls", "maxTokens", "maxCost"):
+            assert settings["limits"][key] >= maker["limits"][key]
 
 
 def test_file_heavy_requires_a_worktree_and_trusts_file_writes_only() -> None:
@@ -71,7 +74,26 @@ def test_file_heavy_requires_a_worktree_and_trusts_file_writes_only() -> None:
     assert settings["isolation"]["requireWorktree"] is True
     assert settings["isolation"]["mode"] == "worktree"
     assert settings["tools"]["trustedPreHandlerTools"] == ["edit", "write"]
-    assert settings["observability"]["captureOutputs"] is False
+
+
+def test_no_seeded_profile_names_a_tool_that_does_not_exist() -> None:
+    from runtime.tools import builtin_registry
+
+    known = {spec.name for spec in builtin_registry().specs()} | {"bash", "*"}
+    for tag in ("default", "safe", "file-heavy"):
+        tools = HarnessProfile.objects.get(tag=tag).current_version.settings["tools"]
+        named = {*tools["allow"], *tools["ask"], *tools["deny"], *tools["trustedPreHandlerTools"]}
+        assert named <= known, (tag, named - known)
+
+
+def test_the_seeded_profiles_leave_what_is_not_built_off() -> None:
+    for tag in ("default", "safe", "file-heavy"):
+        settings = harness_snapshot(tag=tag)["settings"]
+        assert settings["memory"] == {"enabled": False, "scopes": [], "maxChars": 0}
+        # Sub-agents (delegation) are built: the platform's ceiling applies.
+        assert settings["delegation"] == {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 10}
+        assert settings["isolation"]["allowedConnectors"] == []
+        assert settings["observability"]["enabled"] is False
 
 
 # --- Creation -----------------------------------------------------------------------------------
@@ -260,15 +282,18 @@ def test_a_snapshot_names_its_profile_version_settings_provenance_and_layers() -
         tag="safe",
         pattern_layer={"limits": {"maxTokens": 1000}},
         employee_username="alice",
-        employee_layer={"memory": {"enabled": False}},
+        employee_layer={"paths": {"deny": ["secrets/**"]}, "memory": {"enabled": False}},
         run_overrides={"limits": {"maxCost": 0.5}},
     )
     assert snapshot["profile"] == {"tag": "safe", "version": 1}
     assert snapshot["layers"] == ["platform", "profile:safe@1", "pattern", "employee:alice", "run"]
     assert snapshot["settings"]["limits"]["maxTokens"] == 1000
+    assert snapshot["settings"]["paths"]["deny"] == ["secrets/**"]
     assert snapshot["settings"]["memory"]["enabled"] is False
     assert snapshot["provenance"]["limits.maxTokens"] == "pattern"
-    assert snapshot["provenance"]["memory.enabled"] == "employee:alice"
+    assert snapshot["provenance"]["paths.deny"] == "employee:alice"
+    # Stating the "off" the platform already has tightens nothing: the platform stays the source.
+    assert snapshot["provenance"]["memory.enabled"] == "platform"
     assert snapshot["provenance"]["limits.maxCost"] == "run"
     assert snapshot["provenance"]["tools.deny"] == "profile:safe@1"
     assert json.loads(json.dumps(snapshot)) == snapshot
@@ -291,13 +316,55 @@ def test_an_invalid_layer_is_refused_with_pointers_into_that_layer() -> None:
     assert [e["pointer"] for e in caught.value.extra["errors"]] == ["/employee/harness/x"]
 
 
+def test_a_layer_asking_for_a_feature_not_built_is_refused_with_its_pointer() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        harness_snapshot(
+            tag="default",
+            pattern_layer={"memory": {"maxChars": 3}},
+            employee_layer={"observability": {"enabled": True}},
+        )
+    (error,) = caught.value.extra["errors"]
+    assert (error["pointer"], error["code"]) == ("/pattern/memory/maxChars", "not_built")
+    assert "no agent memory yet" in error["detail"]
+    with pytest.raises(InvalidInput) as caught:
+        profile_create(tag="mem", settings={"memory": {"enabled": True}})
+    assert [(e["pointer"], e["code"]) for e in caught.value.extra["errors"]] == [
+        ("/settings/memory/enabled", "not_built")
+    ]
+    assert not HarnessProfile.objects.filter(tag="mem").exists()
+
+
+def test_an_employee_profile_is_a_layer_read_as_a_profile_after_the_pattern() -> None:
+    snapshot = harness_snapshot(
+        tag="file-heavy",
+        pattern_layer={"limits": {"maxTokens": 1000}},
+        employee_username="alice",
+        employee_profile="safe",
+        employee_layer={"paths": {"deny": [".env"]}},
+    )
+    assert snapshot["layers"] == [
+        "platform",
+        "profile:file-heavy@1",
+        "pattern",
+        "employee:alice:profile:safe@1",
+        "employee:alice",
+    ]
+    assert snapshot["settings"]["tools"]["allow"] == ["list", "read"]
+    assert snapshot["provenance"]["tools.allow"] == "employee:alice:profile:safe@1"
+    assert snapshot["provenance"]["paths.deny"] == "employee:alice"
+    with pytest.raises(ProfileNotFound) as caught:
+        harness_snapshot(tag="default", employee_username="bob", employee_profile="ghost")
+    assert [e["pointer"] for e in caught.value.extra["errors"]] == ["/employee/harness_tag"]
+    assert "employee:bob" in str(caught.value.detail)
+
+
 def test_an_unknown_tag_in_a_snapshot_raises_profile_not_found() -> None:
     with pytest.raises(ProfileNotFound, match="'ghost'"):
         harness_snapshot(tag="ghost")
 
 
 def test_a_snapshot_is_a_deep_copy_that_later_publishes_never_change(team: HarnessProfile) -> None:
-    snapshot = harness_snapshot(tag="team", pattern_layer={"memory": {"maxChars": 50}})
+    snapshot = harness_snapshot(tag="team", pattern_layer={"paths": {"maxFiles": 50}})
     frozen = copy.deepcopy(snapshot)
     profile_save_draft(tag="team", settings={"limits": {"maxTokens": 5}, "tools": {"deny": ["*"]}})
     profile_publish(tag="team")
@@ -305,7 +372,7 @@ def test_a_snapshot_is_a_deep_copy_that_later_publishes_never_change(team: Harne
     assert version.settings["tools"]["deny"] == ["*"]
     assert snapshot == frozen
     assert snapshot["profile"]["version"] == 1
-    later = harness_snapshot(tag="team", pattern_layer={"memory": {"maxChars": 50}})
+    later = harness_snapshot(tag="team", pattern_layer={"paths": {"maxFiles": 50}})
     assert later["profile"]["version"] == 2
     assert later["settings"]["tools"]["deny"] == ["*"]
     later["settings"]["tools"]["deny"].append("mutated")

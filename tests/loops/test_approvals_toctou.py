@@ -172,14 +172,15 @@ def test_fifty_mutation_attempts_on_approvals_are_all_refused(
     attempts.http("input with smuggled keys", decide(approver, other.id, input=smuggled), {400})
     attempts.http("input as a list", decide(approver, other.id, input=[EVIL]), {400})
     attempts.http("input as a string", decide(approver, other.id, input="write evil.txt"), {400})
-    # 43: replaying an (executed) approval id for another run's pending call.
+    # 43: replaying an (executed) approval id for another run's pending call: the fields that
+    # would name the other call are refused as unknown (400) before the decided state (409).
     replay: dict[str, Any] = {
         "run": str(other_run.id),
         "step_seq": other.step_seq,
         "approval": str(other.id),
         "input": EVIL,
     }
-    attempts.http("replay for another run's call", decide(approver, ok.id, **replay), {409})
+    attempts.http("replay for another run's call", decide(approver, ok.id, **replay), {400})
     # 44-46: approving where the run no longer waits.
     [canceled] = ActionApproval.objects.filter(run=canceled_run)
     [paused] = ActionApproval.objects.filter(run=paused_run)

@@ -23,7 +23,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.test import override_settings
 
-from loops.models import LoopArtifact, LoopRun, LoopStep, RunStatus
+from loops.models import LoopArtifact, LoopRun, LoopStep
 from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.services.workspaces import workspace_path
@@ -36,7 +36,13 @@ from tests.support.approvals import (
     ScriptedRoleInvoker,
     approval_pattern,
 )
-from tests.support.bash_chaos import foreign_entries, git_refusal, git_repository
+from tests.support.bash_chaos import (
+    PASSED,
+    autonomous_on,
+    foreign_entries,
+    git_refusal,
+    git_repository,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("seeded_profiles")]
 COMMAND = "echo from-bash > made.txt; id -u; ls -a .. | tr '\\n' ' '"
@@ -72,19 +78,15 @@ def test_bash_runs_in_a_workspace_under_a_0700_directory_and_git_reads_its_files
 ) -> None:
     bash = bash_tool(BashConfig(ledger=DirectoryLedger(private_var / "tool-ledger")))
     assert bash is not None, "the sandbox must run here"
-    pattern = approval_pattern(
-        "private-var",
-        repository_root=str(git_repository(tmp_path / "repo")),
-        base_ref="main",
-        policy={"approvals": {"autoAllowlist": ["bash"]}},
-    )
+    # bash is high-risk: only autonomy L3 (a repository identity and a worktree) runs it ungated.
+    pattern = approval_pattern("private-var", **autonomous_on(git_repository(tmp_path / "repo")))
     inputs = {"label": "private", "rounds": [[["bash", {"command": COMMAND}]]]}
     run = run_trigger(pattern=pattern, actor="test", inputs=inputs)
 
     status = _drive(run.id, ScriptedRoleInvoker(RoleScript(), ToolRegistry([bash])))
 
     final = LoopRun.objects.get(pk=run.id)
-    assert status == RunStatus.SUCCEEDED, final.failure_reason
+    assert (status, final.terminal_reason) == PASSED, final.failure_reason  # L3: a human accepts
     [step] = LoopStep.objects.filter(run=run, kind="tool", name="bash")
     content = step.response["content"]
     assert content.startswith("exit code: 0"), content

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
-from loops.models import LoopEvent, LoopRun, LoopStep, RunStatus, UsageBucket
+from loops.models import LoopEvent, LoopPattern, LoopRun, LoopStep, RunStatus, UsageBucket
 from loops.services import budget_rules, budgets
 from loops.services.budget_rules import (
     Exhausted,
@@ -22,6 +22,7 @@ from loops.services.budget_rules import (
     run_scope,
 )
 from loops.services.budgets import budget_admit_model_call, budget_invocation_start
+from loops.services.patterns import pattern_create
 from loops.services.runs import run_act, run_trigger
 from loops.services.steps import step_begin, step_complete, step_record, tool_step_begin
 from loops.services.transitions import Lease, run_transition
@@ -176,14 +177,22 @@ def test_a_refusal_of_the_daily_budget_takes_back_the_runs_own_unit() -> None:
     assert used(today(pattern.pk), "toolCalls") == 1
 
 
-@both_write_paths
-def test_a_delegation_counts_as_a_tool_call_and_a_delegation() -> None:
-    run, lease = running_run(policy={"budgets": {"perRun": {"delegations": 1}}})
-    begin_call(lease, name="dispatch_sub_agent_task", arguments={"to": "a"})
-    with pytest.raises(BudgetExhausted, match="delegations exhausted"):
-        begin_call(lease, name="dispatch_sub_agent_task", arguments={"to": "b"})
-    begin_call(lease, name="read", arguments={"path": "x"})  # other tools are not delegations
-    assert used(run_scope(run.id), "toolCalls") == 2
+@pytest.mark.django_db
+def test_a_delegations_budget_is_refused_because_nothing_would_count_it() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        pattern_create(
+            key="delegating",
+            actor="op",
+            goal_template="Go",
+            leader_username="leader",
+            maker_usernames=["maker"],
+            verifier_username="verifier",
+            policy={"budgets": {"perRun": {"delegations": 1}}},
+        )
+    [error] = caught.value.extra["errors"]
+    assert error["pointer"] == "/policy/budgets/perRun/delegations"
+    assert "nothing counts delegations" in error["detail"]
+    assert not LoopPattern.objects.filter(key="delegating").exists()
 
 
 @both_write_paths

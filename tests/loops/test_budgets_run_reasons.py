@@ -13,7 +13,8 @@ from loops.services.approvals import approvals_expire
 from loops.services.endings import run_transition
 from loops.services.runs import run_act
 from loops.services.transitions import REASONED
-from loops.worker.engine import _conclude_invocation, _conclude_verdict, load_run_state
+from loops.worker.engine import _conclude_invocation, load_run_state
+from loops.worker.verdicts import conclude_verdict
 from runtime.invocation import InvocationOutcome, LoopRole, OutcomeKind
 from tests.support.factories import make_pattern, make_run
 from tests.support.limits import running_run, snapshot
@@ -39,11 +40,11 @@ def test_a_transition_that_stops_a_run_without_a_reason_records_its_event_type(
 @pytest.mark.django_db
 def test_a_pass_at_l1_is_verified_and_at_l2_waits_for_acceptance() -> None:
     l1, lease = running_run()
-    _conclude_verdict(lease, load_run_state(l1.id), PASS)
+    conclude_verdict(lease, load_run_state(l1.id), PASS)
     assert reasons(l1) == ("succeeded", "verified", "")
     l2, lease = running_run()
     LoopRun.objects.filter(pk=l2.id).update(autonomy_level="L2")
-    _conclude_verdict(lease, load_run_state(l2.id), PASS)
+    conclude_verdict(lease, load_run_state(l2.id), PASS)
     status, code, text = reasons(l2)
     assert (status, code) == ("waiting_human", "awaiting_acceptance")
     assert "L2 needs a human to accept it" in text
@@ -54,7 +55,7 @@ def test_a_pass_at_l1_is_verified_and_at_l2_waits_for_acceptance() -> None:
 @pytest.mark.django_db
 def test_an_escalating_or_incomplete_verdict_names_its_problems() -> None:
     run, lease = running_run(policy={"requiredChecks": ["tests"]})
-    _conclude_verdict(lease, load_run_state(run.id), PASS)
+    conclude_verdict(lease, load_run_state(run.id), PASS)
     status, code, text = reasons(run)
     assert (status, code) == ("waiting_human", "escalated_by_verifier")
     assert "required check 'tests' is missing" in text and "looks right" in text
@@ -64,7 +65,7 @@ def test_an_escalating_or_incomplete_verdict_names_its_problems() -> None:
 def test_a_rejection_fails_the_run_with_the_verifiers_reasons() -> None:
     run, lease = running_run()
     verdict = {"verdict": "reject", "reasons": ["broke the build"], "checks": []}
-    _conclude_verdict(lease, load_run_state(run.id), verdict)
+    conclude_verdict(lease, load_run_state(run.id), verdict)
     assert reasons(run) == ("failed", "rejected_by_verifier", "broke the build")
 
 

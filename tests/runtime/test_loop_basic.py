@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from runtime.invocation import LoopRole, OutcomeKind
-from runtime.loop import LoopSettings, ModelTemporarilyUnavailable, ToolLoopInvoker
+from runtime.loop import LoopSettings, ToolLoopInvoker
+from runtime.model_failures import ModelTemporarilyUnavailable
 from runtime.policy import ToolPolicy
 from runtime.tools import ToolContext, ToolRegistry, ToolResult
 from runtime.types import ChatResponse, ModelCallFailed, ToolCall

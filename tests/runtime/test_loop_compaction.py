@@ -161,7 +161,7 @@ def test_a_context_overflow_forces_a_harder_compaction_and_one_reissue() -> None
     model = ScriptedModel(
         calls(("read", {"n": 1})),
         calls(("read", {"n": 2})),
-        ContextOverflow("maximum context length exceeded"),
+        ContextOverflow("maximum context length is 1000 tokens, you requested 1400 tokens"),
         text("Done."),
     )
     outcome, journal = invoke(make_invoker(model, [read]))
@@ -178,7 +178,10 @@ def test_a_context_overflow_forces_a_harder_compaction_and_one_reissue() -> None
 
 
 def test_a_second_overflow_fails_the_invocation_with_a_clear_reason() -> None:
-    model = ScriptedModel(ContextOverflow("too long"), ContextOverflow("still too long"))
+    model = ScriptedModel(
+        ContextOverflow("maximum context length is 10 tokens, you requested 300"),
+        ContextOverflow("maximum context length is 10 tokens, still 300"),
+    )
     outcome, journal = invoke(make_invoker(model, []))
     assert outcome.kind is OutcomeKind.FAILED
     assert outcome.code == "context_overflow"
@@ -190,7 +193,7 @@ def test_a_reduced_budget_is_kept_for_later_steps_and_across_a_resume() -> None:
     read = RecordingTool("read", result="y" * 3_000)
     model = ScriptedModel(
         calls(("read", {"n": 1})),
-        ContextOverflow("too long"),
+        ContextOverflow("maximum context length is 1000 tokens, you requested 1500 tokens"),
         calls(("read", {"n": 2})),
     )
     journal = MemoryJournal()

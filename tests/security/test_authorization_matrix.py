@@ -55,6 +55,9 @@ PERSONA_ORDER = ("anonymous", "outsider", "viewer", "approver", "operator", "adm
 PUBLIC, VIEWER, APPROVER, OPERATOR, ADMIN, NOBODY, WRITE = (
     "public", "viewer", "approver", "operator", "admin", "nobody", "write",
 )  # fmt: skip
+#: Any valid API token, with or without a role: the OpenAI-compatible endpoint, where grants per
+#: employee decide what a caller may use (docs/openai-endpoint.md).
+TOKEN = "token"
 #: Who holds each right. NOBODY: the method is not offered (or only to Django staff, which no
 #: persona is): everybody is refused. WRITE: the default for an unsafe method of a route this
 #: table does not know: anyone without a role and viewers are refused, the others unchecked.
@@ -65,6 +68,7 @@ HOLDERS: dict[str, frozenset[str]] = {
     OPERATOR: frozenset({"operator", "admin"}),
     ADMIN: frozenset({"admin"}),
     NOBODY: frozenset(),
+    TOKEN: frozenset(PERSONA_ORDER) - {"anonymous"},
 }
 READ = {"GET": VIEWER}
 RIGHTS: dict[str, dict[str, str]] = {
@@ -72,10 +76,20 @@ RIGHTS: dict[str, dict[str, str]] = {
     "schema": {"GET": PUBLIC},
     "api-docs": {"GET": PUBLIC},
     "api-redoc": {"GET": PUBLIC},
+    # the OpenAI-compatible endpoint: any token; grants per employee decide the rest
+    "openai-models": {"GET": TOKEN},
+    "openai-model": {"GET": TOKEN},
+    "openai-chat-completions": {"POST": TOKEN},
+    "employee-grant-list": {**READ, "POST": ADMIN},
+    "employee-grant-detail": {**READ, "DELETE": ADMIN},
+    "chat-completion-list": READ,
+    "chat-completion-detail": READ,
+    "employee-guardrails": {**READ, "PUT": ADMIN},
     # patterns and runs
     "pattern-list": {**READ, "POST": OPERATOR},
     "pattern-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},
     "pattern-trigger": {"POST": OPERATOR},
+    "pattern-harness-preview": {"POST": VIEWER},  # a preview is a read, like compile
     "pattern-schedule": READ,
     "run-list": READ,
     "run-detail": READ,

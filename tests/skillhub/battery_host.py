@@ -4,11 +4,11 @@ listener), the case and outcome records, and how it finds processes that outlive
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -119,39 +119,23 @@ def uid_processes(low: int, high: int) -> list[tuple[int, int]]:
     return found
 
 
-def slot_is_held(config: SandboxConfig, index: int) -> bool:
-    """Whether a live sandbox run (of this or any other process on the host) holds the slot."""
-    try:
-        fd = os.open(Path(config.slot_dir) / f"slot-{index}.lock", os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing the descriptor also drops a lock taken just now
-    return False
-
-
 def leaked_sandbox_processes(config: SandboxConfig, grace_seconds: float = 3.0) -> list[int]:
-    """Processes of sandbox uids that no live run accounts for.
+    """Processes of the battery's sandbox uids still alive once a grace for exiting ends.
 
-    The uid slots are host-wide: the other xdist worker may be running a sandbox right now, and
-    its processes are not a leak while its run holds the slot. A process in a free slot (or of
-    the probe uid, which no run holds) is one, once the grace for a process still exiting ends.
+    ``planted_host`` gives the battery a uid range and slot directory of its own, so every
+    process in that range is the battery's: the other xdist worker's sandboxes (and whatever a
+    worker killed mid-run by a chaos test leaves in a default slot) are never counted.
     """
     deadline = time.monotonic() + grace_seconds
     while True:
-        leaked = [
-            pid
-            for pid, uid in uid_processes(config.uid_base, config.uid_base + config.uid_slots + 1)
-            if uid - config.uid_base >= config.uid_slots
-            or not slot_is_held(config, uid - config.uid_base)
-        ]
+        leaked = [pid for pid, _ in uid_processes(config.uid_base, config.sandbox_uids().stop)]
         if not leaked or time.monotonic() >= deadline:
             return leaked
         time.sleep(0.1)
+
+
+#: Private uid ranges for batteries start here, clear of the default range (1.5e9 + 65).
+BATTERY_UID_BASE = 1_600_000_000
 
 
 @contextlib.contextmanager
@@ -173,9 +157,15 @@ def planted_host() -> Iterator[Host]:
     stop = threading.Event()
     thread = threading.Thread(target=_accept_loop, args=(listener, hits, stop), daemon=True)
     thread.start()
+    slot_dir = tempfile.mkdtemp(prefix="lw-battery-slots-")  # 0700, ours
     with pytest.MonkeyPatch.context() as patch:
         secret = f"SECRET-{uuid.uuid4().hex}"
         patch.setenv("LW_CANARY_API_KEY", secret)
+        # A uid range of this process's own (see leaked_sandbox_processes).
+        uid_base = BATTERY_UID_BASE + (os.getpid() % 10_000) * 100
+        patch.setenv("LOOPWRIGHT_SANDBOX_UID_BASE", str(uid_base))
+        patch.setenv("LOOPWRIGHT_SANDBOX_UID_SLOTS", "16")
+        patch.setenv("LOOPWRIGHT_SANDBOX_SLOT_DIR", slot_dir)
         yield Host(
             canary_dir=canary_dir,
             canary_file=canary_file,
@@ -189,6 +179,7 @@ def planted_host() -> Iterator[Host]:
     listener.close()
     thread.join(timeout=2)
     shutil.rmtree(canary_dir)
+    shutil.rmtree(slot_dir, ignore_errors=True)
 
 
 def _accept_loop(listener: socket.socket, hits: list[str], stop: threading.Event) -> None:

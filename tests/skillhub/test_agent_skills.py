@@ -27,6 +27,7 @@ from tests.skillhub.conftest import (
     skill_worker_env,
 )
 from tests.support.approvals import LEADER, MAKER, VERIFIER, approval_pattern, http_reply
+from tests.support.bash_chaos import PASSED, git_repository, with_autonomy
 from tests.support.model_server import ModelServer
 from tests.support.workers import WorkerProcess, wait_for
 
@@ -97,9 +98,11 @@ def _tool_results(run_id: Any) -> dict[str, Any]:
 
 
 def test_an_agent_runs_a_python_and_a_node_skill_through_its_tools(
-    loops_worker: WorkerProcess, skills_worker: SkillsWorker
+    loops_worker: WorkerProcess, skills_worker: SkillsWorker, tmp_path: Path
 ) -> None:
-    pattern = approval_pattern("skills-agent", policy={"approvals": {"autoAllowlist": SKILL_TOOLS}})
+    # Skill tools are write tools: ungated (allowlisted) only from autonomy L2.
+    autonomy = with_autonomy("L2", git_repository(tmp_path / "repo"), SKILL_TOOLS)
+    pattern = approval_pattern("skills-agent", **autonomy)
     rounds = [
         [["skill_hub_py_add", {"a": 2, "b": 3}], ["skill_hub_node_upper", {"text": "hi there"}]],
         [["skill_hub_execute", {"toolName": "py_add", "inputs": {"a": 40, "b": 2}}]],
@@ -108,7 +111,8 @@ def test_an_agent_runs_a_python_and_a_node_skill_through_its_tools(
     run = run_trigger(pattern=pattern, actor="test", inputs={"label": "s", "rounds": rounds})
     done = _wait_terminal(run.id, loops_worker, skills_worker)
     results = json.dumps(_tool_results(run.id))
-    assert done.status == RunStatus.SUCCEEDED, (done.status, done.status_reason, results)
+    # L2: the verifier's pass waits for a human to accept the result.
+    assert (done.status, done.terminal_reason) == PASSED, (done.status, done.status_reason, results)
 
     executions = list(SkillExecution.objects.filter(run_id=run.id).order_by("created_at"))
     assert [(e.tool_name, e.status, e.stdout) for e in executions] == [
@@ -141,7 +145,7 @@ def test_a_skill_call_the_harness_gates_parks_the_run_as_an_approval(
 
 
 def test_a_skill_that_requires_review_parks_even_when_allowlisted_and_runs_once_approved(
-    loops_worker: WorkerProcess, skills_worker: SkillsWorker
+    loops_worker: WorkerProcess, skills_worker: SkillsWorker, tmp_path: Path
 ) -> None:
     from loops.services.approvals import approval_decide
     from orchestrator.accounts.roles import Role
@@ -152,9 +156,8 @@ def test_a_skill_that_requires_review_parks_even_when_allowlisted_and_runs_once_
         skill=Skill.objects.get(tool_name="py_add"),
         review_prompt="Check that the numbers are small.",
     )
-    pattern = approval_pattern(
-        "skills-review", policy={"approvals": {"autoAllowlist": SKILL_TOOLS}}
-    )
+    autonomy = with_autonomy("L2", git_repository(tmp_path / "repo"), SKILL_TOOLS)
+    pattern = approval_pattern("skills-review", **autonomy)
     rounds = [
         [["skill_hub_execute", {"toolName": "py_add", "inputs": {"a": 1}}]],
         [["skill_hub_py_add", {"a": 3, "b": 4}]],
@@ -172,7 +175,7 @@ def test_a_skill_that_requires_review_parks_even_when_allowlisted_and_runs_once_
     approver = user_ensure(username="reviewer", roles=[Role.APPROVER])
     approval_decide(approval_id=approval.id, user=approver, decision="approve")
     wait_for(
-        lambda: LoopRun.objects.get(pk=run.id).status == RunStatus.SUCCEEDED,
+        lambda: LoopRun.objects.get(pk=run.id).status == PASSED[0],
         timeout=WAIT, interval=0.5,
         message=f"{loops_worker.log()[-4000:]}\n{skills_worker.log()[-3000:]}",
     )  # fmt: skip

@@ -31,6 +31,7 @@ from skillhub.models import SkillExecution
 from skillhub.services.skills import skill_create
 from tests.skillhub.conftest import NUMBERS, TEXT, SkillsWorker, skill_worker_env
 from tests.support.approvals import LEADER, MAKER, VERIFIER, approval_pattern, http_reply
+from tests.support.bash_chaos import PASSED, git_repository, with_autonomy
 from tests.support.model_server import ModelServer
 from tests.support.workers import WorkerProcess, wait_for
 
@@ -104,8 +105,11 @@ def test_an_employee_calls_skill_tools_inside_a_run_and_gets_their_output(
     loops_worker: WorkerProcess,
     skills_worker: SkillsWorker,
     api_client_for: Callable[[str], APIClient],
+    tmp_path: Path,
 ) -> None:
-    approval_pattern("ctx-skills", policy={"approvals": {"autoAllowlist": [REVERSE, ADD]}})
+    # ctx_add is a write tool: ungated (allowlisted) only from autonomy L2.
+    autonomy = with_autonomy("L2", git_repository(tmp_path / "repo"), [REVERSE, ADD])
+    approval_pattern("ctx-skills", **autonomy)
     rounds = [[[REVERSE, {"text": "loopwright"}]], [[ADD, {"a": 20, "b": 22}]]]
     operator = api_client_for("operator")
     response = operator.post(
@@ -122,7 +126,8 @@ def test_an_employee_calls_skill_tools_inside_a_run_and_gets_their_output(
     )  # fmt: skip
     steps = _transcript(api_client_for("viewer"), run_id)
     run = LoopRun.objects.get(pk=run_id)
-    assert run.status == RunStatus.SUCCEEDED, (run.status, run.status_reason, steps)
+    # L2: the verifier's pass waits for a human to accept the result.
+    assert (run.status, run.terminal_reason) == PASSED, (run.status, run.status_reason, steps)
 
     calls = {s["name"]: s for s in steps if s["kind"] == "tool" and s["role"] == "maker"}
     assert set(calls) == {REVERSE, ADD}, steps

@@ -154,10 +154,10 @@ class _Invoker(NothingToPrepare):
         return await loop.invoke(request, journal)
 
 
-class _InlineDriver:
+class InlineDriver:
     """What ``drive_run`` needs of a RunDriver, with database calls on the test's connection."""
 
-    def __init__(self, invoker: _Invoker) -> None:
+    def __init__(self, invoker: Any) -> None:
         self.invoker = invoker
 
     async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -189,7 +189,7 @@ class InlineEngine:
             # Database handles are per async context: hand the loop this thread's connection,
             # so the engine's writes land in the test's transaction.
             connections[DEFAULT_DB_ALIAS] = outer
-            await drive_run(_InlineDriver(invoker), claims[0])  # type: ignore[arg-type]
+            await drive_run(InlineDriver(invoker), claims[0])  # type: ignore[arg-type]
 
         with mock.patch.dict(os.environ, {"DJANGO_ALLOW_ASYNC_UNSAFE": "true"}):
             asyncio.run(main())

@@ -153,6 +153,43 @@ def split_tool_call(index: int, name: str, arguments: str, pieces: int = 3) -> l
     return [ToolCallStart(index, name), *(ToolCallArgs(index, part) for part in parts)]
 
 
+def streamed(completion: Completion, *, pieces: int = 3) -> Stream:
+    """``completion`` as a stream: its reasoning, its text in ``pieces`` chunks (before tool
+    calls it is a preamble), then each tool call with its arguments split in ``pieces``."""
+    events: list[StreamEvent] = []
+    if completion.reasoning:
+        events.append(Reasoning(completion.reasoning))
+    text = completion.content or ""
+    size = max(1, -(-len(text) // pieces))
+    events.extend(Text(text[i : i + size]) for i in range(0, len(text), size))
+    for index, call in enumerate(completion.tool_calls):
+        wire = _wire_call(index, call)
+        function = wire.get("function") or {}
+        arguments = str(function.get("arguments") or "")
+        events.append(ToolCallStart(index, str(function.get("name") or ""), id=wire.get("id")))
+        events.extend(split_tool_call(index, "", arguments, pieces)[1:])
+    return Stream(
+        events,
+        usage=completion.usage,
+        finish_reason=completion.finish_reason,
+        model=completion.model,
+    )
+
+
+def as_requested(
+    reply: Callable[[RecordedRequest], Completion], *, pieces: int = 3
+) -> Callable[[RecordedRequest], Completion | Stream]:
+    """``reply``, answered as a stream (:func:`streamed`) when the request asked for one
+    (``"stream": true``), so one script serves streaming and non-streaming clients alike."""
+
+    def answer(request: RecordedRequest) -> Completion | Stream:
+        completion = reply(request)
+        wants_stream = isinstance(request.body, dict) and request.body.get("stream") is True
+        return streamed(completion, pieces=pieces) if wants_stream else completion
+
+    return answer
+
+
 def context_overflow_error() -> Error:
     return Error(
         400,

@@ -301,7 +301,7 @@ def test_an_admin_edits_publishes_and_compares_a_policy(browser: Browser) -> Non
     page.get_by_role("link", name="safe").click()
     page.get_by_role("link", name="New draft").click()
     current = json.loads(page.get_by_label("Settings").input_value())  # starts from v1
-    assert current["limits"]["maxToolCalls"] == 50
+    assert current["limits"]["maxToolCalls"] == 1000
     page.get_by_label("Settings").fill('{"limits": {"maxToolCalls": -1}, "bogus": {}}')
     page.get_by_role("button", name="Save draft").click()
     errors = page.locator("#field-settings .field-errors li")
@@ -322,7 +322,7 @@ def test_an_admin_edits_publishes_and_compares_a_policy(browser: Browser) -> Non
     page.get_by_role("button", name="Show differences").click()
     removed, added = page.locator("pre.diff .diff-del"), page.locator("pre.diff .diff-add")
     expect(removed).to_have_count(1)
-    expect(removed).to_contain_text('-    "maxToolCalls": 50,')
+    expect(removed).to_contain_text('-    "maxToolCalls": 1000,')
     expect(added).to_have_count(1)
     expect(added).to_contain_text('+    "maxToolCalls": 7,')
     screenshot(page, "policy-diff")
@@ -337,7 +337,7 @@ def test_an_admin_edits_publishes_and_compares_a_policy(browser: Browser) -> Non
 
 
 def test_a_draft_saved_by_someone_else_can_be_published_from_the_page(browser: Browser) -> None:
-    profile_save_draft(tag="default", settings={"memory": {"maxChars": 100}}, note="smaller")
+    profile_save_draft(tag="default", settings={"paths": {"maxFiles": 10}}, note="smaller")
     page = browser.logged_in("admin")
     page.goto("/policies/default")
     expect(page.locator(".alert-warn")).to_contain_text("Draft v2 is open: smaller")

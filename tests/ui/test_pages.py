@@ -165,9 +165,9 @@ def test_publishing_without_a_draft_says_why(client_as: ClientAs) -> None:
 
 
 def test_the_diff_page_shows_what_changed(client_as: ClientAs) -> None:
-    profile_save_draft(tag="default", settings={"memory": {"maxChars": 10}})
+    profile_save_draft(tag="default", settings={"paths": {"maxFiles": 10}})
     page = html(client_as("viewer").get("/policies/default/diff?from=1&to=2"))
-    assert 'class="diff-add">+    &quot;maxChars&quot;: 10' in page
+    assert 'class="diff-add">+    &quot;maxFiles&quot;: 10' in page
     same = html(client_as("viewer").get("/policies/default/diff?from=1&to=1"))
     assert "have the same settings" in same
     missing = client_as("viewer").get("/policies/default/diff?from=1&to=9")

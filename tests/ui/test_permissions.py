@@ -80,6 +80,11 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             "skill-create": ("/skills/new", {"tool_name": "x"}, Role.OPERATOR),
             "skill-edit": ("/skills/greet/edit", {"title": "x"}, Role.OPERATOR),
             "skill-test": ("/skills/greet/test", {"inputs": "{}"}, Role.OPERATOR),
+            # The guard refuses before the employee is looked up.
+            "employee-harness": ("/employees/x/harness", {"harness_tag": ""}, Role.OPERATOR),
+            # Grants are access control: admins only (tests/ui/test_employee_endpoint_pages.py).
+            "employee-grant-add": ("/employees/x/grants", {"username": "viewer"}, Role.ADMIN),
+            "employee-grant-remove": ("/employees/x/grants/viewer/remove", {}, Role.ADMIN),
         }
     )
     return targets
@@ -169,7 +174,7 @@ def test_an_admin_may_save_and_publish_a_policy_draft(
     client_as: ClientAs, world: dict[str, Any]
 ) -> None:
     client = client_as("admin")
-    response = client.post("/policies/default/draft", {"settings": '{"memory": {"maxChars": 10}}'})
+    response = client.post("/policies/default/draft", {"settings": '{"paths": {"maxFiles": 10}}'})
     assert response.status_code == 302
     response = client.post("/policies/default/publish", {"version": "2"})
     assert response.status_code == 302

@@ -1,4 +1,4 @@
-/* Loopwright operator UI: local times, confirmations and live updates (server-sent events).
+/* Loopwright operator UI: local times, confirmations, copy buttons and live updates (SSE).
    Progressive: every page works without this file (times then read in UTC, reload to refresh). */
 (function () {
   "use strict";
@@ -158,8 +158,25 @@
           old.replaceWith(item);
         } else {
           item.classList.add("flash-row");
-          group.querySelector("ol.steps").appendChild(item);
+          /* Before the group's live text, if a next model step is already streaming. */
+          group.querySelector("ol.steps").insertBefore(item, document.getElementById("live-" + data.group));
         }
+      },
+      /* The text a streaming model step has released so far; empty html: the step is recorded. */
+      live: function (data) {
+        var old = document.getElementById("live-" + data.group);
+        if (!data.html) {
+          if (old) { old.remove(); }
+          return;
+        }
+        var group = document.getElementById(data.group);
+        if (!group) {
+          group = fragment(data.group_html);
+          timeline.appendChild(group);
+          document.getElementById("timeline-empty").hidden = true;
+        }
+        var item = fragment(data.html);
+        if (old) { old.replaceWith(item); } else { group.querySelector("ol.steps").appendChild(item); }
       },
       run: function (data) {
         summary.innerHTML = data.summary_html;
@@ -187,6 +204,7 @@
       },
       done: function (data, source) {
         source.close();
+        document.querySelectorAll("li.step-live").forEach(function (item) { item.remove(); });
         setIndicator(indicator, "done", "Finished: " + label(data.status) + ".");
       }
     });
@@ -213,8 +231,24 @@
     }
   });
 
+  /* <button data-copy="id" hidden>: copies the text of element #id (shown only when it can). */
+  document.addEventListener("click", function (event) {
+    var button = event.target instanceof Element ? event.target.closest("button[data-copy]") : null;
+    var source = button ? document.getElementById(button.dataset.copy) : null;
+    if (!source) { return; }
+    navigator.clipboard.writeText(source.textContent).then(function () {
+      var label = button.textContent;
+      button.textContent = "Copied";
+      announce("Copied to the clipboard.");
+      window.setTimeout(function () { button.textContent = label; }, 1500);
+    });
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     localizeTimes(document);
+    if (navigator.clipboard && window.isSecureContext) {
+      document.querySelectorAll("button[data-copy]").forEach(function (b) { b.hidden = false; });
+    }
     var zone = document.querySelector("[data-timezone]");
     if (zone) {
       zone.textContent = "your time zone (" + Intl.DateTimeFormat().resolvedOptions().timeZone + ")";

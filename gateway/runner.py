@@ -1,0 +1,556 @@
+"""One ``/v1/chat/completions`` request: who calls which employee, the employee's tool loop
+under its compiled harness (:func:`runtime.chat.chat_complete`), and the OpenAI-shaped answer:
+a ``chat.completion`` object, or ``chat.completion.chunk`` SSE events ending in ``[DONE]``.
+
+A streamed request's chat runs as its own task; when the client disconnects, Django cancels the
+response iterator and the iterator cancels that task (model call, tools, sub-agents) at once.
+The request's record is written once, after the task ended, on a task of its own (a cancelled
+iterator cannot await).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from gateway import services
+from gateway.dbpool import db_call
+from gateway.errors import OpenAIError, invalid_api_key, model_not_found, permission_denied
+from gateway.models import new_completion_id
+from gateway.validation import CompletionRequest
+from orchestrator.accounts.services import api_token_resolve
+from orchestrator.agents.models import Employee
+from orchestrator.agents.subagent_host import agent_tools_register
+from orchestrator.agents.wiring import (
+    EmployeeProfile,
+    ProfileCache,
+    employee_tool_loop,
+    employee_tool_registry,
+)
+from orchestrator.errors import DomainError
+from runtime.chat import ChatEvent, ChatFailed, ChatResult, ChatTurn, chat_complete
+from runtime.guardrails import (
+    GuardrailConfig,
+    GuardrailReport,
+    StreamGate,
+    check_input,
+    check_output,
+    parse_guardrail_config,
+)
+from runtime.model_pool import pool_http_connections
+from runtime.scrub import scrub
+from runtime.tools import ToolRegistry
+from runtime.tools.bash import network_access
+
+logger = logging.getLogger(__name__)
+DONE = "data: [DONE]\n\n"
+_PROFILES = ProfileCache()
+#: Record writes in flight (a task nobody holds may be collected before it runs).
+_PENDING: set[asyncio.Task[None]] = set()
+#: The event loops whose model calls reuse pooled HTTP clients (keep-alive connections).
+POOLED_LOOPS: set[asyncio.AbstractEventLoop] = set()
+
+
+@functools.cache
+def _registry() -> ToolRegistry:
+    """The employee tool registry of this process, with the sub-agent dispatch and todo tools."""
+    return agent_tools_register(employee_tool_registry(), _PROFILES)
+
+
+def records_pending() -> int:
+    """How many request records are still to be written (a test waits for none before it
+    closes the database threads)."""
+    return len(_PENDING)
+
+
+def _pooled() -> None:
+    loop = asyncio.get_running_loop()
+    if loop not in POOLED_LOOPS:
+        pool_http_connections(loop)
+        POOLED_LOOPS.add(loop)
+
+
+# --- Who may call whom ------------------------------------------------------------------------
+
+
+def _bearer(header: str) -> str:
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise invalid_api_key()
+    return raw.strip()
+
+
+def caller_of(authorization: str) -> User:
+    """The active user of the bearer token, or 401 (call on a thread)."""
+    token = api_token_resolve(_bearer(authorization))
+    if token is None or not token.user.is_active:
+        raise invalid_api_key()
+    return token.user
+
+
+def employee_for(user: User, model: str) -> Employee:
+    """The employee ``model`` names if ``user`` may call it: 404 unknown, 403 no grant."""
+    employee = Employee.objects.select_related("chat_settings").filter(username=model).first()
+    if employee is None:
+        raise model_not_found(model)
+    if not services.may_call(user, employee):
+        raise permission_denied(model)
+    return employee
+
+
+def models_of(authorization: str) -> list[dict[str, Any]]:
+    """``/v1/models``: the employees the caller may use, as OpenAI model objects."""
+    user = caller_of(authorization)
+    return [model_object(e) for e in services.callable_employees(user)]
+
+
+def model_of(authorization: str, model: str) -> dict[str, Any]:
+    return model_object(employee_for(caller_of(authorization), model))
+
+
+def model_object(employee: Employee) -> dict[str, Any]:
+    return {
+        "id": employee.username,
+        "object": "model",
+        "created": int(employee.created_at.timestamp()),
+        "owned_by": "loopwright",
+    }
+
+
+# --- Preparing a chat -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a chat needs from the database, read once before it starts."""
+
+    user: User
+    profile: EmployeeProfile
+    harness: dict[str, Any]
+    guardrails: GuardrailConfig
+    request: CompletionRequest
+
+
+def prepare(user: User, request: CompletionRequest) -> Prepared:
+    """Authorise ``user`` and read the employee's profile, harness and chat settings (call on
+    a thread)."""
+    employee = employee_for(user, request.model)
+    try:
+        profile = _PROFILES.get(employee.username)
+        harness = services.chat_harness_snapshot(employee)
+        guardrails = parse_guardrail_config(services.chat_settings_of(employee).guardrails or {})
+    except (DomainError, ValueError) as exc:
+        why = exc.detail if isinstance(exc, DomainError) else str(exc)
+        raise OpenAIError(503, f"The AI employee cannot run: {why}", code="misconfigured") from exc
+    return Prepared(user, profile, harness, guardrails, request)
+
+
+def prepare_for(authorization: str, request: CompletionRequest | OpenAIError) -> Prepared:
+    """:func:`prepare` for the bearer of ``authorization``: 401 first, then the body's own
+    refusal (``request`` as an error), then the employee's (call on a thread)."""
+    user = caller_of(authorization)
+    if isinstance(request, OpenAIError):
+        raise request
+    return prepare(user, request)
+
+
+def _turn(request: CompletionRequest) -> ChatTurn:
+    return ChatTurn(
+        messages=request.messages,
+        client_tools=request.tools,
+        tool_choice=request.tool_choice,
+        temperature=request.temperature,
+        max_tokens=request.max_tokens,
+        response_format=request.response_format,
+        stream=request.stream,
+    )
+
+
+def _failure(exc: ChatFailed) -> OpenAIError:
+    return OpenAIError(exc.status, exc.message, code=exc.code or None)
+
+
+class Chat:
+    """One request's chat: the run, the tally of what it did, its record."""
+
+    def __init__(self, request: CompletionRequest, prepared: Prepared) -> None:
+        self.request = request
+        self.prepared = prepared
+        self.started = time.monotonic()
+        self.created = int(time.time())
+        self.tally = services.CompletionTally(
+            id=new_completion_id(),
+            employee_username=prepared.profile.username,
+            user_id=prepared.user.pk,
+            created_at=timezone.now(),
+            stream=request.stream,
+            end_user=request.end_user,
+            metadata=request.metadata,
+        )
+        self.agent_events: list[dict[str, Any]] = []
+
+    # -- running ---------------------------------------------------------------------------
+
+    def observe(self, event: ChatEvent) -> None:
+        """Keep the agent events and count the server-side tool calls."""
+        if event.kind == "agent":
+            self.agent_events.append(dict(event.data))
+            if event.data.get("type") == "tool_started":
+                self.tally.tool_calls += 1
+
+    async def run(self, sink: Any = None) -> ChatResult:
+        """Run the chat; ``sink`` gets its events. Answers and events are scrubbed of the API
+        keys of the employee's endpoint chain."""
+        prepared = self.prepared
+        secrets = prepared.profile.secrets
+        invoker = employee_tool_loop(prepared.profile, _registry())
+        _pooled()
+
+        async def observed(event: ChatEvent) -> None:
+            if secrets:
+                event = replace(
+                    event, text=scrub(event.text, secrets), data=scrub(event.data, secrets)
+                )
+            self.observe(event)
+            if sink is not None:
+                await sink(event)
+
+        with network_access(prepared.harness.get("settings")):
+            result = await chat_complete(
+                invoker,
+                employee=prepared.profile.username,
+                harness=prepared.harness,
+                turn=_turn(self.request),
+                sink=observed,
+            )
+        if secrets:
+            result = replace(
+                result,
+                content=scrub(result.content, secrets),
+                reasoning_content=scrub(result.reasoning_content, secrets),
+                tool_calls=scrub(result.tool_calls, secrets),
+                error=scrub(result.error, secrets),
+            )
+        self.finished(result)
+        return result
+
+    def finished(self, result: ChatResult) -> None:
+        tally = self.tally
+        tally.finish_reason = result.finish_reason
+        tally.prompt_tokens = result.prompt_tokens
+        tally.completion_tokens = result.completion_tokens
+        tally.model_steps = result.model_steps
+        if result.error:  # usable text, then a failure: answered, and recorded as an error
+            tally.status = "error"
+            tally.error = result.error
+
+    def failed(self, status: str, error: str) -> None:
+        self.tally.status = status
+        self.tally.error = error
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = self.tally.prompt_tokens, self.tally.completion_tokens
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def completion(self, result: ChatResult) -> dict[str, Any]:
+        """The ``chat.completion`` object of a finished chat."""
+        message: dict[str, Any] = {"role": "assistant", "content": result.content or None}
+        if result.tool_calls:
+            message["tool_calls"] = list(result.tool_calls)
+        if result.reasoning_content:
+            message["reasoning_content"] = result.reasoning_content
+        body: dict[str, Any] = {
+            "id": self.tally.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.tally.employee_username,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": result.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": self.usage(),
+        }
+        if self.agent_events:
+            body["agent_metadata"] = self.agent_events
+        if self.tally.guardrail_decisions:
+            body["guardrail_metadata"] = self.tally.guardrail_decisions
+        if result.error:
+            body["warning"] = result.error
+        return body
+
+    def chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> str:
+        """One ``chat.completion.chunk`` SSE event (``delta`` None: no choices)."""
+        body: dict[str, Any] = {
+            "id": self.tally.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.tally.employee_username,
+            "choices": []
+            if delta is None
+            else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            **extra,
+        }
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def event_chunk(self, event: ChatEvent) -> str:
+        if event.kind == "content":
+            return self.chunk({"content": event.text})
+        if event.kind == "reasoning":
+            return self.chunk({"reasoning_content": event.text})
+        return self.chunk({}, agent_metadata=event.data)
+
+    # -- the record ------------------------------------------------------------------------
+
+    def record_soon(self, task: asyncio.Task[Any] | None = None) -> None:
+        """Write the record on a task of its own, after ``task`` (the chat) has ended."""
+        recorder = asyncio.get_running_loop().create_task(self._record(task))
+        _PENDING.add(recorder)
+        recorder.add_done_callback(_PENDING.discard)
+
+    async def _record(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=10)
+        duration = int((time.monotonic() - self.started) * 1000)
+        try:
+            await db_call(services.completion_record, self.tally, duration)
+        except Exception:
+            logger.exception("chat completion record %s not written", self.tally.id)
+
+
+# --- Guardrails -------------------------------------------------------------------------------
+
+
+def _recorded(chat: Chat, report: GuardrailReport) -> dict[str, Any]:
+    decided = report.as_dict()
+    if report.decisions:
+        chat.tally.guardrail_decisions.append(decided)
+    return decided
+
+
+async def guard_input(chat: Chat) -> dict[str, Any] | None:
+    """The input rules over the client's messages: their report (None without input rules),
+    or a 400 ``content_filter`` error when one blocks (the request is recorded as blocked)."""
+    config = chat.prepared.guardrails
+    if not config.input:
+        return None
+    report = await check_input(config, chat.request.messages)
+    decided = _recorded(chat, report)
+    blocked = report.blocked
+    if blocked is not None:
+        chat.failed("blocked", f"input guardrail {blocked.rule}: {blocked.reason}")
+        chat.record_soon()
+        error = OpenAIError(
+            400,
+            f"The input was blocked by the guardrail {blocked.rule!r}: {blocked.reason}",
+            code="content_filter",
+            param="messages",
+        )
+        error.extra = {"guardrail_metadata": decided}
+        raise error
+    return decided
+
+
+async def guard_output(chat: Chat, result: ChatResult) -> ChatResult:
+    """The output rules over a whole answer: the answer, or none (``content_filter``)."""
+    config = chat.prepared.guardrails
+    if not config.output:
+        return result
+    report = await check_output(config, result.content)
+    _recorded(chat, report)
+    blocked = report.blocked
+    if blocked is None:
+        return result
+    chat.failed("blocked", f"output guardrail {blocked.rule}: {blocked.reason}")
+    chat.tally.finish_reason = "content_filter"
+    return replace(result, content="", reasoning_content="", finish_reason="content_filter")
+
+
+# --- The two ways to answer -------------------------------------------------------------------
+
+
+async def complete(chat: Chat) -> dict[str, Any]:
+    """A non-streamed answer, or OpenAIError; the record is written either way."""
+    await guard_input(chat)
+    try:
+        result = await guard_output(chat, await chat.run())
+    except ChatFailed as exc:
+        error = _failure(exc)
+        chat.failed(_status_of(exc), error.message)
+        raise error from exc
+    except asyncio.CancelledError:
+        chat.failed("error", "the client disconnected")
+        raise
+    except Exception as exc:
+        logger.exception("chat completion %s failed", chat.tally.id)
+        chat.failed("error", f"internal error: {type(exc).__name__}")
+        raise OpenAIError(500, "The server failed; see its logs.", code="internal_error") from exc
+    finally:
+        chat.record_soon()
+    return chat.completion(result)
+
+
+def _partial_error(error: str) -> OpenAIError:
+    """The error of a chat that failed after usable text (``"<code>: <reason>"``)."""
+    code, _, reason = error.partition(": ")
+    return OpenAIError(502, reason or code, code=code if reason else "failed")
+
+
+def _status_of(exc: ChatFailed) -> str:
+    code = str(getattr(exc, "code", "") or "")
+    return "blocked" if "guardrail" in code or "blocked" in code else "error"
+
+
+_END = object()
+#: How long a streamed response may wait for Django to start sending it.
+UNSENT_SECONDS = 30.0
+
+
+async def stream_open(chat: Chat) -> AsyncIterator[str]:
+    """Check the input, start the chat and wait for its first event: a chat refused or failed
+    before any event is an OpenAIError (an HTTP status, as for a non-streamed request);
+    otherwise the SSE events."""
+    guarded = await guard_input(chat)
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def sink(event: ChatEvent) -> None:
+        queue.put_nowait(event)
+
+    task = asyncio.get_running_loop().create_task(chat.run(sink))
+    task.add_done_callback(lambda _t: queue.put_nowait(_END))
+    try:
+        first = await queue.get()
+    except asyncio.CancelledError:
+        task.cancel()
+        chat.failed("error", "the client disconnected")
+        chat.record_soon(task)
+        raise
+    if first is _END and task.exception() is not None:
+        exc = task.exception()
+        if isinstance(exc, ChatFailed):
+            error = _failure(exc)
+            chat.failed(_status_of(exc), error.message)
+        else:
+            logger.error("chat completion %s failed", chat.tally.id, exc_info=exc)
+            chat.failed("error", f"internal error: {type(exc).__name__}")
+            error = OpenAIError(500, "The server failed; see its logs.", code="internal_error")
+        chat.record_soon(task)
+        raise error
+    stream = _Stream(chat, task, queue, guarded)
+    # A response Django never starts to send (the client left in between) would leave the chat
+    # running unseen: cancel it, and record why.
+    asyncio.get_running_loop().call_later(UNSENT_SECONDS, stream.abandon_unsent)
+    return stream.events(first)
+
+
+class _Stream:
+    """The SSE events of one streamed answer, its content passed through the output gate."""
+
+    def __init__(
+        self,
+        chat: Chat,
+        task: asyncio.Task[ChatResult],
+        queue: asyncio.Queue[Any],
+        guarded: dict[str, Any] | None,
+    ) -> None:
+        self.chat = chat
+        self.task = task
+        self.queue = queue
+        self.guarded = guarded
+        config = chat.prepared.guardrails
+        self.gate = StreamGate(config) if config.output else None
+        self.started = False
+
+    def abandon_unsent(self) -> None:
+        """Cancel the chat of a response Django never started to send, and record it."""
+        if self.started:
+            return
+        self.task.cancel()
+        self.chat.failed("error", "the response was never sent (the client left)")
+        self.chat.record_soon(self.task)
+
+    def _content(self, text: str) -> str | None:
+        released = self.gate.feed(text) if self.gate is not None else text
+        return self.chat.chunk({"content": released}) if released else None
+
+    async def _finish(self, result: ChatResult) -> list[str]:
+        chat = self.chat
+        out: list[str] = []
+        finish_reason = result.finish_reason
+        if self.gate is not None:
+            rest = await self.gate.finish()
+            if rest:
+                out.append(chat.chunk({"content": rest}))
+            out.append(chat.chunk({}, guardrail_metadata=_recorded(chat, self.gate.report)))
+            if self.gate.blocked is not None:
+                blocked = self.gate.blocked
+                chat.failed("blocked", f"output guardrail {blocked.rule}: {blocked.reason}")
+                finish_reason = chat.tally.finish_reason = "content_filter"
+        if result.error and finish_reason != "content_filter":
+            # A failure after usable text: the text went out; the stream ends with the error.
+            out.append(f"data: {json.dumps(_partial_error(result.error).body())}\n\n")
+            return out
+        delta: dict[str, Any] = {}
+        if result.tool_calls and finish_reason != "content_filter":
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(result.tool_calls)]
+        out.append(chat.chunk(delta, finish_reason))
+        if chat.request.include_usage:
+            out.append(chat.chunk(None, usage=chat.usage()))
+        return out
+
+    async def events(self, first: Any) -> AsyncIterator[str]:
+        """The role chunk, the input guardrails' report, one chunk per chat event, the finish
+        chunk, the usage chunk (``stream_options.include_usage``), a final error event on
+        failure, and ``data: [DONE]``; a disconnect cancels the chat task."""
+        chat, task = self.chat, self.task
+        self.started = True
+        try:
+            yield chat.chunk({"role": "assistant", "content": ""})
+            if self.guarded is not None:
+                yield chat.chunk({}, guardrail_metadata=self.guarded)
+            item = first
+            while item is not _END:
+                chunk = self._content(item.text) if item.kind == "content" else None
+                if item.kind != "content":
+                    chunk = chat.event_chunk(item)
+                if chunk is not None:
+                    yield chunk
+                item = await self.queue.get()
+            for chunk in await self._finish(task.result()):
+                yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            task.cancel()
+            chat.failed("error", "the client disconnected")
+            raise
+        except ChatFailed as exc:
+            error = _failure(exc)
+            chat.failed(_status_of(exc), error.message)
+            yield f"data: {json.dumps(error.body())}\n\n"
+        except Exception as exc:
+            logger.exception("chat completion %s failed mid-stream", chat.tally.id)
+            chat.failed("error", f"internal error: {type(exc).__name__}")
+            error = OpenAIError(500, "The server failed mid-stream; see its logs.")
+            yield f"data: {json.dumps(error.body())}\n\n"
+        finally:
+            if not task.done():
+                task.cancel()
+            chat.record_soon(task)
+        yield DONE

@@ -1,0 +1,98 @@
+"""The OpenAI-compatible endpoint: ``GET /v1/models``, ``GET /v1/models/{model}`` and
+``POST /v1/chat/completions``, where ``model`` is an AI employee's username and the key is a
+Loopwright API token (``Authorization: Bearer lw_...``).
+
+Plain async Django views (the answers are OpenAI-shaped, not the API's problem+json): every
+refusal is ``{"error": {"message", "type", "param", "code"}}`` (:mod:`gateway.errors`). The work
+is in :mod:`gateway.runner`; these views only route, and turn errors into responses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from gateway import runner
+from gateway.dbpool import db_call
+from gateway.errors import OpenAIError
+from gateway.validation import CompletionRequest, chat_request, parse_body
+
+logger = logging.getLogger(__name__)
+View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
+
+
+def openai_view(*methods: str) -> Callable[[View], View]:
+    """Allow ``methods`` only, exempt from CSRF (bearer tokens, no cookies), and answer every
+    error in OpenAI's shape (500 for anything unexpected, logged)."""
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            try:
+                if request.method not in methods:
+                    raise OpenAIError(
+                        405,
+                        f"{request.method} is not allowed here; use {' or '.join(methods)}.",
+                        code="method_not_allowed",
+                        headers={"Allow": ", ".join(methods)},
+                    )
+                return await view(request, *args, **kwargs)
+            except OpenAIError as exc:
+                return exc.response()
+            except RecursionError:
+                return OpenAIError(
+                    400, "The input is nested too deeply.", code="too_deep"
+                ).response()
+            except Exception:
+                logger.exception("OpenAI endpoint failed on %s", request.path)
+                error = OpenAIError(500, "The server failed; see its logs.", code="internal_error")
+                return error.response()
+
+        return csrf_exempt(wrapped)
+
+    return decorate
+
+
+def _authorization(request: HttpRequest) -> str:
+    return request.headers.get("Authorization", "")
+
+
+@openai_view("GET")
+async def models(request: HttpRequest) -> HttpResponseBase:
+    """The employees the caller may use, as OpenAI model objects."""
+    found = await db_call(runner.models_of, _authorization(request))
+    return JsonResponse({"object": "list", "data": found})
+
+
+@openai_view("GET")
+async def model(request: HttpRequest, model: str) -> HttpResponseBase:
+    """One employee the caller may use (404 unknown, 403 not granted)."""
+    found = await db_call(runner.model_of, _authorization(request), model)
+    return JsonResponse(found)
+
+
+@openai_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
+    """Run the employee named by ``model`` on the messages: a ``chat.completion`` object, or
+    with ``stream: true`` an SSE stream of ``chat.completion.chunk`` events ending in
+    ``data: [DONE]``."""
+    # One trip to the database thread: the caller (401 before anything about the body), then
+    # the body's refusal if any, then the employee (404, 403) and what its chat needs.
+    try:
+        body: CompletionRequest | OpenAIError = chat_request(parse_body(request.body))
+    except OpenAIError as exc:
+        body = exc
+    prepared = await db_call(runner.prepare_for, _authorization(request), body)
+    chat = runner.Chat(prepared.request, prepared)
+    if not prepared.request.stream:
+        return JsonResponse(await runner.complete(chat), json_dumps_params={"ensure_ascii": False})
+    events = await runner.stream_open(chat)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
