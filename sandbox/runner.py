@@ -138,13 +138,13 @@ async def run_sandboxed_async(
         work_root = config.resolved_work_root()
         # File work off the event loop: other runs' deadlines are timers on the same loop.
         if slot is not None and slot.was_dirty:
-            await asyncio.to_thread(rundirs_remove_stale, work_root, slot.index)
+            await asyncio.to_thread(rundirs_remove_stale, work_root, slot.uid)
         rundir = await asyncio.to_thread(
             rundir_create,
             work_root=work_root,
             request=request,
             owner=(uid, uid) if uid is not None else None,
-            slot=None if slot is None else slot.index,
+            uid=None if slot is None else slot.uid,
             # A borrowed work dir is bound as root in a private mount namespace (see workdir.py).
             bind_privately=uid is not None and backend == "bubblewrap" and probe.private_bind,
             sandbox_uids=config.sandbox_uids(),
@@ -169,7 +169,7 @@ def sandbox_reap_stale(config: SandboxConfig | None = None) -> int:
     config = config or SandboxConfig.from_env()
     reaped = reap_stale_slots(config)
     for slot in reaped:
-        rundirs_remove_stale(config.resolved_work_root(), slot.index)
+        rundirs_remove_stale(config.resolved_work_root(), slot.uid)
     return len(reaped)
 
 

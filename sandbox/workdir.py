@@ -72,9 +72,10 @@ class RunDir:
         return self.work / "out"
 
 
-def rundir_prefix(slot: int | None) -> str:
-    """Run directories of a uid slot carry its number, so a crashed run's can be found."""
-    return "loopwright-sbx-" if slot is None else f"loopwright-sbx-s{slot}-"
+def rundir_prefix(uid: int | None) -> str:
+    """Run directories of a slot carry its uid, so a crashed run's can be found, and two
+    uid ranges sharing a work root never sweep each other's."""
+    return "loopwright-sbx-" if uid is None else f"loopwright-sbx-u{uid}-"
 
 
 def rundir_create(
@@ -82,7 +83,7 @@ def rundir_create(
     work_root: str,
     request: SandboxRequest,
     owner: tuple[int, int] | None,
-    slot: int | None = None,
+    uid: int | None = None,
     bind_privately: bool = False,
     sandbox_uids: range = range(0),
 ) -> RunDir:
@@ -96,7 +97,7 @@ def rundir_create(
     borrowed = _borrowed_workdir(request.workdir, must_be_searchable=searchable)
     if borrowed is not None and owner is not None:
         workdir_reclaim(borrowed, sandbox_uids)
-    root = Path(tempfile.mkdtemp(prefix=rundir_prefix(slot), dir=work_root))
+    root = Path(tempfile.mkdtemp(prefix=rundir_prefix(uid), dir=work_root))
     # Traverse-only for others: bwrap, running as the sandbox uid, must reach work/ and the
     # program to bind them, but may not list the directory.
     os.chmod(root, 0o711)  # noqa: S103
@@ -230,10 +231,18 @@ def workdir_reclaim(
 def rundir_remove(rundir: RunDir) -> None:
     """Delete the run directory, whatever modes the program left on what it created."""
 
-    def unlock_and_retry(func: Callable[..., Any], failed: str, _exc: object) -> None:
+    top = os.path.abspath(rundir.root)
+
+    def unlock_and_retry(func: Callable[..., Any], failed: str, exc: object) -> None:
         # A non-root runner cannot enter a directory the program chmod-ed to 0; root can.
+        # Only directories inside the run directory are ever unlocked (never its parent,
+        # the shared work root), and what is already gone stays gone.
+        error = exc[1] if isinstance(exc, tuple) else exc
+        if isinstance(error, FileNotFoundError):
+            return
         for candidate in (os.path.dirname(failed), failed):
-            if os.path.isdir(candidate) and not os.path.islink(candidate):
+            inside = candidate == top or candidate.startswith(top + os.sep)
+            if inside and os.path.isdir(candidate) and not os.path.islink(candidate):
                 os.chmod(candidate, 0o700)
         func(failed)
 
@@ -247,10 +256,10 @@ def rundir_remove(rundir: RunDir) -> None:
         _return_tree(rundir.work, rundir.borrowed_owner)
 
 
-def rundirs_remove_stale(work_root: str, slot: int) -> None:
-    """Delete run directories a crashed holder of ``slot`` left behind (its processes are
-    already dead: the slot was swept)."""
-    for path in Path(work_root).glob(f"{rundir_prefix(slot)}*"):
+def rundirs_remove_stale(work_root: str, uid: int) -> None:
+    """Delete run directories a crashed holder of the slot of ``uid`` left behind (its
+    processes are already dead: the slot was swept)."""
+    for path in Path(work_root).glob(f"{rundir_prefix(uid)}*"):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)  # fd-based: never follows a planted link
 

@@ -269,7 +269,7 @@ def test_sandboxes_die_with_a_runner_that_is_killed() -> None:
     config = SandboxConfig.from_env()
     try:
         assert _wait_for(lambda: bool(_processes_with(marker)), seconds=20), "never started"
-        slots = {_uid_of(pid) - config.uid_base for pid in _processes_with(marker)}
+        uids = {_uid_of(pid) for pid in _processes_with(marker)}
     finally:
         runner.kill()
         runner.wait()
@@ -278,9 +278,9 @@ def test_sandboxes_die_with_a_runner_that_is_killed() -> None:
     # The killed runner left a dirty slot and its run directory: the start-up reaper cleans up.
     # (Only this runner's: the uid slots and the work root are shared by every process of the
     # host, and another test process's live sandboxes keep theirs.)
-    [slot] = slots
+    [uid] = uids
     root = Path(config.resolved_work_root())
-    left_behind = list(root.glob(f"loopwright-sbx-s{slot}-*"))
+    left_behind = list(root.glob(f"loopwright-sbx-u{uid}-*"))
     assert left_behind
     assert sandbox_reap_stale(config) >= 1
     assert not [path for path in left_behind if path.exists()]
