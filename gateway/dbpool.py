@@ -4,8 +4,10 @@ Django's ASGI handler gives every request its own thread for ``sync_to_async`` w
 own database connection: a connect per request, and as many connections as requests in flight
 (100 concurrent streams exhaust PostgreSQL's default 100). Here every read and write of the
 endpoint runs on :data:`DB_THREADS` threads instead; each keeps its connection between requests,
-refreshed as Django does per request (``close_old_connections``: ``CONN_MAX_AGE`` and health
-checks), so a web process holds at most that many connections for the endpoint.
+refreshed as Django does per request (closed when unusable after an error, or past a set
+``CONN_MAX_AGE``; health checks as configured), so a web process holds at most that many
+connections for the endpoint. ``CONN_MAX_AGE`` 0 (the SQLite default, meant for per-request
+threads) does not close them after every call: these threads live as long as the process.
 
 Outside Django's ASGI handler (the test client, a script) there is no per-request thread, and
 the work runs where Django's own ``sync_to_async`` puts it (the caller's thread and connection,
@@ -23,15 +25,22 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from asgiref.sync import SyncToAsync, sync_to_async
-from django.db import close_old_connections, connections
+from django.db import connections
 
 T = TypeVar("T")
 DB_THREADS = 4
 _EXECUTOR = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
 
 
+def _refresh_connections() -> None:
+    for connection in connections.all(initialized_only=True):
+        if connection.settings_dict["CONN_MAX_AGE"] == 0:
+            connection.close_at = None  # kept, see the module's docstring
+        connection.close_if_unusable_or_obsolete()
+
+
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    close_old_connections()
+    _refresh_connections()
     return fn(*args)
 
 

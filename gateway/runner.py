@@ -14,6 +14,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -176,7 +177,10 @@ def _turn(request: CompletionRequest) -> ChatTurn:
 
 
 def _failure(exc: ChatFailed) -> OpenAIError:
-    return OpenAIError(exc.status, exc.message, code=exc.code or None)
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return OpenAIError(exc.status, exc.message, code=exc.code or None, headers=headers)
 
 
 class Chat:

@@ -4,7 +4,9 @@ Loopwright API token (``Authorization: Bearer lw_...``).
 
 Plain async Django views (the answers are OpenAI-shaped, not the API's problem+json): every
 refusal is ``{"error": {"message", "type", "param", "code"}}`` (:mod:`gateway.errors`). The work
-is in :mod:`gateway.runner`; these views only route, and turn errors into responses.
+is in :mod:`gateway.runner`; these views only route, and turn errors into responses. They are
+served without Django's middleware chain (:mod:`orchestrator.bare_asgi`), so they bound the body
+(413) and echo ``X-Request-ID`` themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable, Coroutine
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -21,41 +25,55 @@ from gateway import runner
 from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
 from gateway.validation import CompletionRequest, chat_request, parse_body
+from orchestrator.middleware import declared_length, request_id_of
 
 logger = logging.getLogger(__name__)
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 
 
 def openai_view(*methods: str) -> Callable[[View], View]:
-    """Allow ``methods`` only, exempt from CSRF (bearer tokens, no cookies), and answer every
-    error in OpenAI's shape (500 for anything unexpected, logged)."""
+    """Allow ``methods`` only, exempt from CSRF (bearer tokens, no cookies), answer every
+    error in OpenAI's shape (500 for anything unexpected, logged), and echo the request id."""
 
     def decorate(view: View) -> View:
         @wraps(view)
         async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            try:
-                if request.method not in methods:
-                    raise OpenAIError(
-                        405,
-                        f"{request.method} is not allowed here; use {' or '.join(methods)}.",
-                        code="method_not_allowed",
-                        headers={"Allow": ", ".join(methods)},
-                    )
-                return await view(request, *args, **kwargs)
-            except OpenAIError as exc:
-                return exc.response()
-            except RecursionError:
-                return OpenAIError(
-                    400, "The input is nested too deeply.", code="too_deep"
-                ).response()
-            except Exception:
-                logger.exception("OpenAI endpoint failed on %s", request.path)
-                error = OpenAIError(500, "The server failed; see its logs.", code="internal_error")
-                return error.response()
+            request.request_id = request_id_of(request)  # type: ignore[attr-defined]
+            response = await _answer(view, methods, request, *args, **kwargs)
+            response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
+            return response
 
         return csrf_exempt(wrapped)
 
     return decorate
+
+
+async def _answer(
+    view: View, methods: tuple[str, ...], request: HttpRequest, *args: Any, **kwargs: Any
+) -> HttpResponseBase:
+    try:
+        if request.method not in methods:
+            raise OpenAIError(
+                405,
+                f"{request.method} is not allowed here; use {' or '.join(methods)}.",
+                code="method_not_allowed",
+                headers={"Allow": ", ".join(methods)},
+            )
+        if declared_length(request) > int(settings.LOOPWRIGHT_MAX_BODY_BYTES):
+            raise RequestDataTooBig
+        return await view(request, *args, **kwargs)
+    except OpenAIError as exc:
+        return exc.response()
+    except RequestDataTooBig:
+        limit = int(settings.LOOPWRIGHT_MAX_BODY_BYTES)
+        message = f"The request body is larger than this server accepts ({limit} bytes)."
+        return OpenAIError(413, message, code="request_too_large").response()
+    except RecursionError:
+        return OpenAIError(400, "The input is nested too deeply.", code="too_deep").response()
+    except Exception:
+        logger.exception("OpenAI endpoint failed on %s", request.path)
+        error = OpenAIError(500, "The server failed; see its logs.", code="internal_error")
+        return error.response()
 
 
 def _authorization(request: HttpRequest) -> str:

@@ -32,13 +32,19 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _URLENCODED = "application/x-www-form-urlencoded"  # multipart is left whole for its view
 
 
+def request_id_of(request: HttpRequest) -> str:
+    """The request's id: its ``X-Request-ID`` when sane (at most 64 of ``A-Za-z0-9._-``), else
+    a new one."""
+    incoming = request.headers.get("X-Request-ID", "")
+    return incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+
+
 class RequestIdMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        incoming = request.headers.get("X-Request-ID", "")
-        request.request_id = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex  # type: ignore[attr-defined]
+        request.request_id = request_id_of(request)  # type: ignore[attr-defined]
         response = self.get_response(request)
         response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
         return response
@@ -61,7 +67,8 @@ def _nul_problem(where: str, params: QueryDict) -> InvalidInput | None:
     return None
 
 
-def _declared_length(request: HttpRequest) -> int:
+def declared_length(request: HttpRequest) -> int:
+    """The body length the request declares (0 when absent or malformed)."""
     try:
         return int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -77,7 +84,7 @@ class BoundedRequestMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         limit = int(settings.LOOPWRIGHT_MAX_BODY_BYTES)
-        if _declared_length(request) > limit:
+        if declared_length(request) > limit:
             return domain_response(request, PayloadTooLarge(limit))
         refused = _nul_problem("query parameter", request.GET)
         if refused is None and request.method == "POST" and request.content_type == _URLENCODED:

@@ -36,6 +36,7 @@ from runtime.invocation import (
     ToolCallRefused,
 )
 from runtime.loop import ToolLoopInvoker
+from runtime.model_failures import ModelTemporarilyUnavailable
 from runtime.policy import ToolPolicy
 from runtime.streaming import TextCallback
 from runtime.tools.scope import invocation_scope
@@ -90,11 +91,14 @@ class ChatResult:
 
 class ChatFailed(Exception):
     """The request failed before any usable text: ``code`` and HTTP ``status`` for the
-    OpenAI error shape."""
+    OpenAI error shape; ``retry_after`` (seconds) when the client may try again then."""
 
-    def __init__(self, message: str, code: str, status: int) -> None:
+    def __init__(
+        self, message: str, code: str, status: int, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message, self.code, self.status = message, code, status
+        self.retry_after = retry_after
 
 
 def _emitter(sink: ChatSink | None) -> Callable[[ChatEvent], Awaitable[None]]:
@@ -455,6 +459,11 @@ async def chat_complete(
         with invocation_scope(journal, events=events, usage=add_usage):
             outcome = await loop.invoke(request, journal)
     except RetryLater as exc:  # a run would park and retry; a request answers now
+        if isinstance(exc, ModelTemporarilyUnavailable) and exc.rate_limited:
+            # The model's rate limit, relayed: clients back off on a 429 and its Retry-After.
+            return _partial(
+                journal, client, str(exc), "rate_limit_exceeded", 429, exc.delay_seconds
+            )
         return _partial(journal, client, str(exc), "model_unavailable", 503)
     except RunHalted as exc:
         return _partial(journal, client, exc.reason, exc.code or "halted", 400)
@@ -481,13 +490,18 @@ def _result(outcome: InvocationOutcome, journal: _ChatJournal, client: _TurnClie
 
 
 def _partial(
-    journal: _ChatJournal, client: _TurnClient, reason: str, code: str, status: int
+    journal: _ChatJournal,
+    client: _TurnClient,
+    reason: str,
+    code: str,
+    status: int,
+    retry_after: float | None = None,
 ) -> ChatResult:
     """The usable text produced before a failure, with the failure; ChatFailed when none."""
     text = "".join(client.pending)
     usable = "\n\n".join(t for t in (journal.usable_text(), text) if t.strip())
     if not usable:
-        raise ChatFailed(reason, code, status)
+        raise ChatFailed(reason, code, status, retry_after)
     return _answer(journal, usable, "stop", error=f"{code}: {reason}")
 
 

@@ -474,7 +474,11 @@ def _all_failed(failures: list[EndpointError]) -> EndpointsFailed:
         retry_after=min(hints) if retryable and hints else None,
         failures=tuple(
             EndpointFailure(
-                f.endpoint, f.detail, f.kind == "transient", isinstance(f, CircuitRefused)
+                f.endpoint,
+                f.detail,
+                f.kind == "transient",
+                isinstance(f, CircuitRefused),
+                rate_limited=f.status == 429,
             )
             for f in failures
         ),

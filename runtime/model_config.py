@@ -168,6 +168,8 @@ class EndpointFailure:
     #: Refused by the endpoint's open circuit, without a request (``detail`` says when the
     #: next probe is), so it says nothing new about the endpoint's own error.
     circuit: bool = False
+    #: The endpoint answered 429 (rate limited).
+    rate_limited: bool = False
 
 
 class EndpointsFailed(ModelCallFailed):

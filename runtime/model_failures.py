@@ -23,9 +23,18 @@ class ModelTemporarilyUnavailable(RetryLater):
     (every endpoint's, in chain order).
     """
 
-    def __init__(self, reason: str, delay_seconds: float, detail: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        reason: str,
+        delay_seconds: float,
+        detail: dict[str, Any],
+        *,
+        rate_limited: bool = False,
+    ) -> None:
         super().__init__(reason, delay_seconds)
         self.detail = detail
+        #: Every endpoint that answered said 429 (the others only refused by open circuits).
+        self.rate_limited = rate_limited
 
 
 #: How long a run parks when every endpoint is down: the providers' own hint (an open
@@ -59,7 +68,12 @@ def failure_detail(exc: ModelCallFailed) -> dict[str, Any]:
 
 def temporarily_unavailable(exc: ModelCallFailed) -> ModelTemporarilyUnavailable:
     """The retry a call whose every endpoint failed (retryably) turns into."""
-    return ModelTemporarilyUnavailable(str(exc), park_delay(exc), failure_detail(exc))
+    failures = exc.failures if isinstance(exc, EndpointsFailed) else ()
+    answered = [f for f in failures if not f.circuit]
+    rate_limited = bool(answered) and all(f.rate_limited for f in answered)
+    return ModelTemporarilyUnavailable(
+        str(exc), park_delay(exc), failure_detail(exc), rate_limited=rate_limited
+    )
 
 
 def misreported_overflow(

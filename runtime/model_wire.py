@@ -34,11 +34,20 @@ _OVERFLOW_MARKERS = (
 class EndpointError(Exception):
     """One endpoint's failure, already redacted. ``kind`` decides retry and failover."""
 
-    def __init__(self, kind: ErrorKind, detail: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        kind: ErrorKind,
+        detail: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
         super().__init__(detail)
         self.kind: ErrorKind = kind
         self.detail = detail
         self.retry_after = retry_after
+        #: The HTTP status the endpoint answered, when it answered one.
+        self.status = status
         #: Retries ran out on a transient failure: the breaker trips.
         self.exhausted = False
         #: Stop walking the chain (the request is wrong, or output already went out live).
@@ -75,7 +84,8 @@ def error_from_response(status: int, text: str, headers: Mapping[str, str]) -> E
     if is_context_overflow(status, text):
         return ContextOverflow(f"HTTP {status}: {snippet}")
     kind = classify_status(status)
-    return EndpointError(kind, f"HTTP {status}: {snippet}", retry_after=parse_retry_after(headers))
+    retry_after = parse_retry_after(headers)
+    return EndpointError(kind, f"HTTP {status}: {snippet}", retry_after=retry_after, status=status)
 
 
 def error_from_payload(error: Any, key: Secret | None) -> Exception:

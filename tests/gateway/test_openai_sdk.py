@@ -253,3 +253,22 @@ def test_a_tool_the_harness_gates_is_refused_and_the_model_reads_why(sdk: SDK, t
     finished = [e for e in events if e["type"] == "tool_finished"]
     assert [(e["name"], e["outcome"]) for e in finished] == [("write", "refused")]
     assert "needs a human approval" in (reply.choices[0].message.content or "")
+
+
+def test_a_rate_limited_model_is_a_rate_limit_error_with_its_retry_after(
+    sdk: SDK, team: Team
+) -> None:
+    ada = team.employee("ada")
+    key = team.caller("alice", ada)
+    team.model.always(Error(429, {"error": {"message": "slow down"}}, {"Retry-After": "7"}))
+    ask = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.RateLimitError) as caught:
+        sdk(key).chat.completions.create(model="ada", messages=ask, stream=True)
+    assert caught.value.code == "rate_limit_exceeded"
+    # The provider's hint, or the endpoint breaker's next probe when that is later.
+    assert int(caught.value.response.headers["Retry-After"]) >= 7
+    # Meanwhile the breaker refuses without asking the model: unavailable, not rate limited.
+    with pytest.raises(openai.InternalServerError) as refused:
+        sdk(key).chat.completions.create(model="ada", messages=ask)
+    assert (refused.value.status_code, refused.value.code) == (503, "model_unavailable")
+    assert len(team.model.requests) == 1

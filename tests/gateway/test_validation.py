@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from django.conf import settings
 
 from gateway.errors import OpenAIError
 from gateway.validation import chat_request, parse_body
@@ -138,9 +139,15 @@ def test_http_edges_answer_in_openai_shape(server: str, team: Team) -> None:
                 401,
             ),
             (http.get(f"{server}/v1/models", headers={"Authorization": "Bearer lw_a_b"}), 401),
+            (http.post(url, content=b" " * (settings.LOOPWRIGHT_MAX_BODY_BYTES + 1)), 413),
         ]
+        traced = http.get(f"{server}/v1/models", headers={**auth, "X-Request-ID": "trace-7"})
     for response, status in answers:
         assert response.status_code == status
+        assert response.headers["Content-Type"] == "application/json"
         error = json.loads(response.content)["error"]
         assert set(error) == {"message", "type", "param", "code"}
+        assert len(response.headers["X-Request-ID"]) == 32
     assert answers[2][0].headers["WWW-Authenticate"].startswith("Bearer")
+    assert answers[-1][0].json()["error"]["code"] == "request_too_large"
+    assert traced.status_code == 200 and traced.headers["X-Request-ID"] == "trace-7"
