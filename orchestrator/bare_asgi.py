@@ -9,6 +9,8 @@ CSRF, the body bound as an OpenAI-shaped 413, the request id) the views do thems
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 
@@ -17,8 +19,10 @@ class BareASGIHandler(ASGIHandler):
     """An ASGI handler whose middleware chain is empty (``settings.MIDDLEWARE`` is not read)."""
 
     def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        get_response = self._get_response_async if is_async else self._get_response
-        self._middleware_chain = convert_exception_to_response(get_response)
+        # What BaseHandler.load_middleware sets, with no middleware (django-stubs omits them).
+        handler: Any = self
+        handler._view_middleware = []
+        handler._template_response_middleware = []
+        handler._exception_middleware = []
+        get_response = handler._get_response_async if is_async else handler._get_response
+        handler._middleware_chain = convert_exception_to_response(get_response)
