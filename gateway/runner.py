@@ -27,8 +27,14 @@ from gateway import services
 from gateway.dbpool import db_call
 from gateway.errors import OpenAIError, invalid_api_key, model_not_found, permission_denied
 from gateway.models import new_completion_id
+from gateway.prepared_cache import ReuseCache, Stamp, stamp_read
 from gateway.validation import CompletionRequest
-from orchestrator.accounts.services import api_token_resolve
+from orchestrator.accounts.services import (
+    api_token_live,
+    api_token_resolve,
+    api_token_split,
+    api_token_touch,
+)
 from orchestrator.agents.models import Employee
 from orchestrator.agents.subagent_host import agent_tools_register
 from orchestrator.agents.wiring import (
@@ -55,6 +61,8 @@ from runtime.tools.bash import network_access
 logger = logging.getLogger(__name__)
 DONE = "data: [DONE]\n\n"
 _PROFILES = ProfileCache()
+#: Preparations by (token prefix, employee), reused under an unchanged stamp.
+_PREPARED: ReuseCache[Prepared] = ReuseCache()
 #: Record writes in flight (a task nobody holds may be collected before it runs).
 _PENDING: set[asyncio.Task[None]] = set()
 #: The event loops whose model calls reuse pooled HTTP clients (keep-alive connections).
@@ -157,11 +165,42 @@ def prepare(user: User, request: CompletionRequest) -> Prepared:
 
 def prepare_for(authorization: str, request: CompletionRequest | OpenAIError) -> Prepared:
     """:func:`prepare` for the bearer of ``authorization``: 401 first, then the body's own
-    refusal (``request`` as an error), then the employee's (call on a thread)."""
+    refusal (``request`` as an error), then the employee's (call on a thread).
+
+    The preparation is reused while one stamp query finds nothing it was read from changed
+    (:mod:`gateway.prepared_cache`); the stamp is read before a full read, so a change in
+    between only makes the next request read again."""
+    split = api_token_split(_bearer(authorization))
+    stamp = None
+    if split is not None and isinstance(request, CompletionRequest):
+        stamp = stamp_read(split[0], request.model)
+        reused = _reused(split, request, stamp) if stamp is not None else None
+        if reused is not None:
+            return reused
     user = caller_of(authorization)
     if isinstance(request, OpenAIError):
         raise request
-    return prepare(user, request)
+    prepared = prepare(user, request)
+    if split is not None and stamp is not None:
+        _PREPARED.put((split[0], request.model), stamp, prepared)
+    return prepared
+
+
+def _reused(split: tuple[str, str], request: CompletionRequest, stamp: Stamp) -> Prepared | None:
+    """The preparation kept under ``stamp``, when the token's secret is right and it is live."""
+    prefix, secret = split
+    known = _PREPARED.get((prefix, request.model), stamp)
+    now = timezone.now()
+    if known is None or not api_token_live(
+        secret,
+        secret_hash=stamp.secret_hash,
+        revoked_at=stamp.revoked_at,
+        expires_at=stamp.expires_at,
+        now=now,
+    ):
+        return None
+    api_token_touch(stamp.token_id, stamp.last_used_at, now)
+    return replace(known, request=request)
 
 
 def _turn(request: CompletionRequest) -> ChatTurn:

@@ -34,17 +34,50 @@ def api_token_create(*, user: User, name: str = "cli", expires_at: datetime | No
     return token
 
 
-def api_token_resolve(raw: str) -> ApiToken | None:
-    """The live token matching ``raw``, or None (constant-time comparison of the secret)."""
+def api_token_split(raw: str) -> tuple[str, str] | None:
+    """``(prefix, secret)`` of a token's text, or None when it is not shaped like one."""
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
         return None
-    token = ApiToken.objects.select_related("user").filter(prefix=parts[1]).first()
-    if token is None or not hmac.compare_digest(token.secret_hash, hash_secret(parts[2])):
+    return parts[1], parts[2]
+
+
+def api_token_live(
+    secret: str,
+    *,
+    secret_hash: str,
+    revoked_at: datetime | None,
+    expires_at: datetime | None,
+    now: datetime,
+) -> bool:
+    """Whether ``secret`` is the token's (constant-time) and the token is neither revoked nor
+    expired at ``now``."""
+    if not hmac.compare_digest(secret_hash, hash_secret(secret)):
+        return False
+    return revoked_at is None and (expires_at is None or expires_at > now)
+
+
+def api_token_touch(pk: int, last_used_at: datetime | None, now: datetime) -> None:
+    """Record the token's use, at most once a minute."""
+    if last_used_at is None or (now - last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=pk).update(last_used_at=now)
+
+
+def api_token_resolve(raw: str) -> ApiToken | None:
+    """The live token matching ``raw``, or None (constant-time comparison of the secret)."""
+    split = api_token_split(raw)
+    if split is None:
         return None
+    prefix, secret = split
+    token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
     now = timezone.now()
-    if token.revoked_at is not None or (token.expires_at is not None and token.expires_at <= now):
+    if token is None or not api_token_live(
+        secret,
+        secret_hash=token.secret_hash,
+        revoked_at=token.revoked_at,
+        expires_at=token.expires_at,
+        now=now,
+    ):
         return None
-    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    api_token_touch(token.pk, token.last_used_at, now)
     return token

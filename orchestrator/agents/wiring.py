@@ -93,13 +93,18 @@ def _allowed_key(env_name: str) -> Secret | None:
 #: When the employee, its endpoint, its failover chain and its sub-agent bindings last
 #: changed: one short query, so a worker reuses a profile (and its model client) until the
 #: configuration changes.
-_SIGNATURE = (
-    "SELECT e.updated_at, ep.updated_at, "
+#: What an employee's profile is read from, as SQL columns over ``agents_employee e`` joined
+#: with its endpoint ``agents_modelendpoint ep``: a profile is current while these are unchanged.
+PROFILE_SIGNATURE_COLUMNS = (
+    "e.updated_at, ep.updated_at, "
     "(SELECT MAX(t.updated_at) FROM agents_failoverroute f "
     "JOIN agents_modelendpoint t ON t.id = f.target_id WHERE f.source_id = ep.id), "
     "(SELECT COUNT(*) FROM agents_failoverroute f WHERE f.source_id = ep.id), "
     "(SELECT COUNT(*) FROM agents_subagentbinding b WHERE b.parent_id = e.id), "
-    "(SELECT MAX(b.created_at) FROM agents_subagentbinding b WHERE b.parent_id = e.id) "
+    "(SELECT MAX(b.created_at) FROM agents_subagentbinding b WHERE b.parent_id = e.id)"
+)
+_SIGNATURE = (
+    f"SELECT {PROFILE_SIGNATURE_COLUMNS} "  # noqa: S608 (constant text)
     "FROM agents_employee e JOIN agents_modelendpoint ep ON ep.id = e.endpoint_id "
     "WHERE e.username = %s"
 )
