@@ -35,6 +35,7 @@ from orchestrator.accounts.services import (
     api_token_split,
     api_token_touch,
 )
+from orchestrator.agents.clients import breaker_offloaded
 from orchestrator.agents.models import Employee
 from orchestrator.agents.subagent_host import agent_tools_register
 from orchestrator.agents.wiring import (
@@ -60,7 +61,8 @@ from runtime.tools.bash import network_access
 
 logger = logging.getLogger(__name__)
 DONE = "data: [DONE]\n\n"
-_PROFILES = ProfileCache()
+#: Its model clients' breaker reads the database (no Redis) on the endpoint's database threads.
+_PROFILES = ProfileCache(breaker=breaker_offloaded(db_call))
 #: Preparations by (token prefix, employee), reused under an unchanged stamp.
 _PREPARED: ReuseCache[Prepared] = ReuseCache()
 #: Record writes in flight (a task nobody holds may be collected before it runs).

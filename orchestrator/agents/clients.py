@@ -13,7 +13,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from orchestrator.agents.breaker_store import DatabaseBreakerStore
+from orchestrator.agents.breaker_store import DatabaseBreakerStore, Offload
 from orchestrator.agents.models import Employee, ModelEndpoint
 from orchestrator.errors import NotFound
 from runtime.breaker import (
@@ -112,6 +112,14 @@ def breaker_default() -> CircuitBreaker:
     else:
         store = DatabaseBreakerStore()
     return CircuitBreaker(store, closed_cache_seconds=CLOSED_CACHE_SECONDS)
+
+
+def breaker_offloaded(offload: Offload) -> CircuitBreaker:
+    """:func:`breaker_default`, with a database store's reads and writes run by ``offload`` (a
+    caller's own database threads, which keep their connections); a Redis store is the same."""
+    if settings.REDIS_URL:
+        return breaker_default()
+    return CircuitBreaker(DatabaseBreakerStore(offload), closed_cache_seconds=CLOSED_CACHE_SECONDS)
 
 
 def model_client_for_employee(

@@ -27,6 +27,7 @@ from orchestrator.agents.clients import (
 )
 from orchestrator.agents.models import Employee, SubAgentBinding
 from orchestrator.errors import NotFound
+from runtime.breaker import CircuitBreaker
 from runtime.invocation import InvocationRequest, LoopRole
 from runtime.loop import LoopSettings, ToolLoopInvoker
 from runtime.policy import ToolPolicy, decision_of
@@ -60,14 +61,14 @@ class EmployeeProfile:
     sub_agents: tuple[str, ...] = ()
 
 
-def _read_profile(username: str) -> EmployeeProfile:
+def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProfile:
     employee: Employee = employee_get(username=username)
     return EmployeeProfile(
         username=employee.username,
         system_prompt=employee.system_prompt,
         tools=tuple(employee.tools or ()),
         loop_settings=loop_settings_for_employee(employee),
-        client=model_client_for_employee(employee),
+        client=model_client_for_employee(employee, breaker=breaker),
         secrets=secret_values(
             [_allowed_key(c.api_key_env) for c in employee_endpoint_config(employee).chain()]
         ),
@@ -118,7 +119,9 @@ class ProfileCache:
     client built again. A client built once per configuration also keeps its self-healing
     stream mode until the configuration changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, breaker: CircuitBreaker | None = None) -> None:
+        #: The endpoint breaker of the profiles' model clients (None: the process's default).
+        self.breaker = breaker
         self._profiles: dict[str, tuple[tuple[Any, ...], EmployeeProfile]] = {}
         self._lock = threading.Lock()
 
@@ -135,7 +138,7 @@ class ProfileCache:
             known = self._profiles.get(username)
         if known is not None and known[0] == signature:
             return known[1]
-        profile = _read_profile(username)
+        profile = _read_profile(username, self.breaker)
         with self._lock:
             self._profiles[username] = (signature, profile)
         return profile
