@@ -21,7 +21,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from gateway import runner
+from gateway import access, runner
 from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
 from gateway.validation import CompletionRequest, chat_request, parse_body
@@ -83,14 +83,14 @@ def _authorization(request: HttpRequest) -> str:
 @openai_view("GET")
 async def models(request: HttpRequest) -> HttpResponseBase:
     """The employees the caller may use, as OpenAI model objects."""
-    found = await db_call(runner.models_of, _authorization(request))
+    found = await db_call(access.models_of, _authorization(request))
     return JsonResponse({"object": "list", "data": found})
 
 
 @openai_view("GET")
 async def model(request: HttpRequest, model: str) -> HttpResponseBase:
     """One employee the caller may use (404 unknown, 403 not granted)."""
-    found = await db_call(runner.model_of, _authorization(request), model)
+    found = await db_call(access.model_of, _authorization(request), model)
     return JsonResponse(found)
 
 
@@ -105,7 +105,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         body: CompletionRequest | OpenAIError = chat_request(parse_body(request.body))
     except OpenAIError as exc:
         body = exc
-    prepared = await db_call(runner.prepare_for, _authorization(request), body)
+    prepared = await db_call(access.prepare_for, _authorization(request), body)
     chat = runner.Chat(prepared.request, prepared)
     if not prepared.request.stream:
         return JsonResponse(await runner.complete(chat), json_dumps_params={"ensure_ascii": False})

@@ -13,7 +13,7 @@ import time_machine
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
-from gateway import runner
+from gateway import access
 from gateway.errors import OpenAIError
 from gateway.services import grant_create, grant_delete, guardrails_update
 from gateway.validation import chat_request
@@ -47,7 +47,7 @@ def bearer(user: User, **fields: Any) -> str:
 
 def refused(key: str) -> int:
     with pytest.raises(OpenAIError) as caught:
-        runner.prepare_for(key, ASK)
+        access.prepare_for(key, ASK)
     return caught.value.status
 
 
@@ -55,10 +55,10 @@ def test_a_repeated_request_is_prepared_by_the_stamp_query_alone(
     alice: User, django_assert_num_queries: Callable[..., Any]
 ) -> None:
     key = bearer(alice)
-    first = runner.prepare_for(key, ASK)
+    first = access.prepare_for(key, ASK)
     again = chat_request({"model": "ada", "messages": [{"role": "user", "content": "again"}]})
     with django_assert_num_queries(1):
-        second = runner.prepare_for(key, again)
+        second = access.prepare_for(key, again)
     assert second.request is again and second.profile is first.profile
     assert second.harness == first.harness and second.user.pk == alice.pk
 
@@ -82,8 +82,8 @@ def test_a_revocation_is_refused_on_the_next_request(
     alice: User, ada: Employee, change: Callable[[User, Employee], None], status: int
 ) -> None:
     key = bearer(alice)
-    runner.prepare_for(key, ASK)
-    runner.prepare_for(key, ASK)  # reused
+    access.prepare_for(key, ASK)
+    access.prepare_for(key, ASK)  # reused
     change(alice, ada)
     assert refused(key) == status
 
@@ -91,7 +91,7 @@ def test_a_revocation_is_refused_on_the_next_request(
 def test_losing_the_admin_role_loses_the_employee(ada: Employee) -> None:
     boss = user_ensure(username="boss", roles=[Role.ADMIN])  # admins need no grant
     key = bearer(boss)
-    runner.prepare_for(key, ASK)
+    access.prepare_for(key, ASK)
     boss.groups.remove(Group.objects.get(name=Role.ADMIN.value))
     assert refused(key) == 403
 
@@ -99,7 +99,7 @@ def test_losing_the_admin_role_loses_the_employee(ada: Employee) -> None:
 def test_a_wrong_secret_or_an_expired_token_is_never_reused(alice: User) -> None:
     expires = timezone.now() + timedelta(minutes=5)
     key = bearer(alice, expires_at=expires)
-    runner.prepare_for(key, ASK)
+    access.prepare_for(key, ASK)
     assert refused(key[:-4] + ("aaaa" if not key.endswith("aaaa") else "bbbb")) == 401
     with time_machine.travel(expires + timedelta(seconds=1), tick=False):
         assert refused(key) == 401
@@ -109,9 +109,9 @@ def test_an_edited_employee_guardrail_or_harness_profile_is_read_again(
     alice: User, ada: Employee
 ) -> None:
     key = bearer(alice)
-    before = runner.prepare_for(key, ASK)
+    before = access.prepare_for(key, ASK)
     employee_update(employee=ada, system_prompt="You are Ada, briefly.")
-    edited = runner.prepare_for(key, ASK)
+    edited = access.prepare_for(key, ASK)
     assert edited.profile.system_prompt == "You are Ada, briefly."
 
     guardrails_update(
@@ -119,11 +119,11 @@ def test_an_edited_employee_guardrail_or_harness_profile_is_read_again(
         guardrails={"input": [{"name": "size", "kind": "max_chars", "maxChars": 5}]},
         actor="test",
     )
-    guarded = runner.prepare_for(key, ASK)
+    guarded = access.prepare_for(key, ASK)
     assert guarded.guardrails != edited.guardrails
 
     profile_save_draft(tag="default", settings={"paths": {"maxFiles": 7}}, note="fewer files")
     profile_publish(tag="default")
-    published = runner.prepare_for(key, ASK)
+    published = access.prepare_for(key, ASK)
     assert published.harness != before.harness
     assert published.harness["settings"]["paths"]["maxFiles"] == 7
