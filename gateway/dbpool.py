@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
+from orchestrator.bare_asgi import BARE_REQUEST
+
 T = TypeVar("T")
 DB_THREADS = 4
 _EXECUTOR = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
@@ -45,8 +47,9 @@ def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
 
 
 def _per_request_threads() -> bool:
-    """Whether Django's ASGI handler gave this request a thread of its own for sync work."""
-    return SyncToAsync.thread_sensitive_context.get(None) is not None
+    """Whether Django's ASGI handler gave this request a thread of its own for sync work, or
+    the request is served by the bare handler (which gives none)."""
+    return BARE_REQUEST.get() or SyncToAsync.thread_sensitive_context.get(None) is not None
 
 
 async def db_call(fn: Callable[..., T], *args: Any) -> T:
