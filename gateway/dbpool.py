@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
@@ -34,11 +35,23 @@ DB_THREADS = 4
 _EXECUTOR = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
 
 
+#: A connection idle for longer than this gets Django's per-request refresh (and health check,
+#: ``CONN_HEALTH_CHECKS``) before its next use; a burst of calls reuses it without one round
+#: trip each. A failed call still marks it, and the next call checks and replaces it.
+REFRESH_IDLE_SECONDS = 1.0
+_last_use = threading.local()
+
+
 def _refresh_connections() -> None:
+    now = time.monotonic()
+    idle = now - getattr(_last_use, "at", 0.0) > REFRESH_IDLE_SECONDS
+    _last_use.at = now
     for connection in connections.all(initialized_only=True):
         if connection.settings_dict["CONN_MAX_AGE"] == 0:
             connection.close_at = None  # kept, see the module's docstring
-        connection.close_if_unusable_or_obsolete()
+        aged = connection.close_at is not None and now >= connection.close_at
+        if idle or aged or connection.errors_occurred:
+            connection.close_if_unusable_or_obsolete()
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
