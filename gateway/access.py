@@ -140,13 +140,7 @@ def _reused(split: tuple[str, str], request: CompletionRequest, stamp: Stamp) ->
     prefix, secret = split
     known = _PREPARED.get((prefix, request.model), stamp)
     now = timezone.now()
-    if known is None or not api_token_live(
-        secret,
-        secret_hash=stamp.secret_hash,
-        revoked_at=stamp.revoked_at,
-        expires_at=stamp.expires_at,
-        now=now,
-    ):
+    if known is None or not api_token_live(secret, stamp, now):
         return None
     api_token_touch(stamp.token_id, stamp.last_used_at, now)
     return replace(known, request=request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 from datetime import datetime
+from typing import Protocol
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, User
@@ -42,19 +43,23 @@ def api_token_split(raw: str) -> tuple[str, str] | None:
     return parts[1], parts[2]
 
 
-def api_token_live(
-    secret: str,
-    *,
-    secret_hash: str,
-    revoked_at: datetime | None,
-    expires_at: datetime | None,
-    now: datetime,
-) -> bool:
+class TokenState(Protocol):
+    """What decides whether a token is live: an ``ApiToken``, or a row read elsewhere."""
+
+    @property
+    def secret_hash(self) -> str: ...
+    @property
+    def revoked_at(self) -> datetime | None: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+
+
+def api_token_live(secret: str, token: TokenState, now: datetime) -> bool:
     """Whether ``secret`` is the token's (constant-time) and the token is neither revoked nor
     expired at ``now``."""
-    if not hmac.compare_digest(secret_hash, hash_secret(secret)):
+    if not hmac.compare_digest(token.secret_hash, hash_secret(secret)):
         return False
-    return revoked_at is None and (expires_at is None or expires_at > now)
+    return token.revoked_at is None and (token.expires_at is None or token.expires_at > now)
 
 
 def api_token_touch(pk: int, last_used_at: datetime | None, now: datetime) -> None:
@@ -71,13 +76,7 @@ def api_token_resolve(raw: str) -> ApiToken | None:
     prefix, secret = split
     token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
     now = timezone.now()
-    if token is None or not api_token_live(
-        secret,
-        secret_hash=token.secret_hash,
-        revoked_at=token.revoked_at,
-        expires_at=token.expires_at,
-        now=now,
-    ):
+    if token is None or not api_token_live(secret, token, now):
         return None
     api_token_touch(token.pk, token.last_used_at, now)
     return token
