@@ -282,7 +282,8 @@ async def guard_input(chat: Chat) -> dict[str, Any] | None:
 
 
 async def guard_output(chat: Chat, result: ChatResult) -> ChatResult:
-    """The output rules over a whole answer: the answer, or none (``content_filter``)."""
+    """The output rules over a whole answer: the answer, or none (``content_filter``). The rules
+    check ``content`` only, so with any of them ``reasoning_content`` is withheld."""
     config = chat.prepared.guardrails
     if not config.output:
         return result
@@ -290,7 +291,7 @@ async def guard_output(chat: Chat, result: ChatResult) -> ChatResult:
     _recorded(chat, report)
     blocked = report.blocked
     if blocked is None:
-        return result
+        return replace(result, reasoning_content="")
     chat.failed("blocked", f"output guardrail {blocked.rule}: {blocked.reason}")
     chat.tally.finish_reason = "content_filter"
     return replace(result, content="", reasoning_content="", finish_reason="content_filter")
@@ -441,8 +442,8 @@ class _Stream:
             item = first
             while item is not _END:
                 chunk = self._content(item.text) if item.kind == "content" else None
-                if item.kind != "content":
-                    chunk = chat.event_chunk(item)
+                if item.kind != "content" and not (item.kind == "reasoning" and self.gate):
+                    chunk = chat.event_chunk(item)  # unchecked reasoning stays behind a gate
                 if chunk is not None:
                     yield chunk
                 item = await self.queue.get()

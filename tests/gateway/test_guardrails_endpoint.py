@@ -116,6 +116,30 @@ def test_an_output_rule_stops_a_stream_before_the_match(sdk: SDK, team: Team) ->
     assert record().status == "blocked"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_with_output_rules_the_unchecked_reasoning_is_withheld(
+    sdk: SDK, team: Team, stream: bool
+) -> None:
+    ada = team.employee("ada", streaming=stream)
+    guarded(ada, output=[{"name": "no-secret", "kind": "blocklist", "words": ["swordfish"]}])
+    key = team.caller("alice", ada)
+    thought = Completion(content="I cannot say.", reasoning="The password is swordfish.")
+    team.model.always(as_requested(lambda _r: thought))
+    ask = [{"role": "user", "content": "password?"}]
+    if stream:
+        chunks = list(sdk(key).chat.completions.create(model="ada", messages=ask, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        text = "".join(d.content or "" for d in deltas)
+        reasoning = [(d.model_extra or {}).get("reasoning_content") for d in deltas]
+    else:
+        reply = sdk(key).chat.completions.create(model="ada", messages=ask)
+        text = reply.choices[0].message.content or ""
+        reasoning = [(reply.choices[0].message.model_extra or {}).get("reasoning_content")]
+    assert text == "I cannot say."
+    assert not any(reasoning)
+    assert record().status == "ok"
+
+
 @pytest.mark.parametrize(("fail_mode", "passes"), [("open", True), ("closed", False)])
 def test_an_unreachable_moderation_endpoint_fails_by_its_mode(
     sdk: SDK, team: Team, fail_mode: str, passes: bool
