@@ -37,7 +37,7 @@ from runtime.invocation import (
 )
 from runtime.loop import ToolLoopInvoker
 from runtime.model_failures import ModelTemporarilyUnavailable
-from runtime.policy import ToolPolicy
+from runtime.policy import without_workdir_tools
 from runtime.streaming import TextCallback
 from runtime.tools.scope import invocation_scope
 from runtime.types import ChatRequest, ChatResponse, ModelClient
@@ -429,7 +429,7 @@ async def chat_complete(
         conversation=tuple(turn.messages),
         client_tools=tuple(turn.client_tools),
     )
-    policy: ToolPolicy = await _resolve(invoker.policy(request))
+    policy = without_workdir_tools(await _resolve(invoker.policy(request)), invoker.tools.specs())
     _client_tool_names(turn, Toolset(invoker.tools, policy).offered)
     inner: ModelClient = (
         model_client

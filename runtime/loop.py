@@ -55,7 +55,7 @@ from runtime.loop_settings import RECURSION_LIMIT, LoopSettings, cap_label, harn
 from runtime.model_config import EndpointOverflow
 from runtime.model_failures import misreported_overflow, temporarily_unavailable
 from runtime.output_format import OutputFormat
-from runtime.policy import ToolPolicy
+from runtime.policy import ToolPolicy, without_workdir_tools
 from runtime.repetition import RepetitionState
 from runtime.tools.base import Invocation
 from runtime.tools.registry import ToolRegistry, tool_schema
@@ -177,7 +177,10 @@ class ToolLoopInvoker(NothingToPrepare):
                 output=cap,
             )
         settings = capped
-        toolset = Toolset(self.tools, await _resolve(self.policy(request)))
+        policy = await _resolve(self.policy(request))
+        if request.workdir is None:
+            policy = without_workdir_tools(policy, self.tools.specs())
+        toolset = Toolset(self.tools, policy)
         run = _Invocation(self, request, journal, toolset, settings)
         try:
             return await run.drive()

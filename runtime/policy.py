@@ -8,9 +8,11 @@ treated as denied: nothing outside the plan is offered or executed.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from runtime.types import ToolSpec
 
 
 class Decision(enum.StrEnum):
@@ -53,3 +55,16 @@ class ToolPolicy:
 
     def offers(self, tool: str) -> bool:
         return self.rule(tool).decision is not Decision.DENY
+
+
+_NO_WORKDIR = ToolRule(Decision.DENY, "it needs a working directory, which this invocation lacks")
+
+
+def without_workdir_tools(policy: ToolPolicy, specs: Iterable[ToolSpec]) -> ToolPolicy:
+    """``policy`` with the tools of ``specs`` that need a working directory refused, for an
+    invocation that has none (a request at the OpenAI-compatible endpoint, its sub-agents)."""
+    rules = dict(policy.rules)
+    for spec in specs:
+        if spec.needs_workdir and policy.offers(spec.name):
+            rules[spec.name] = _NO_WORKDIR
+    return ToolPolicy(MappingProxyType(rules))

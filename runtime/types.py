@@ -99,3 +99,5 @@ class ToolSpec:
     effect: Effect
     #: False when Loopwright cannot enforce policy on it (it is then blocked at the source).
     enforceable: bool = True
+    #: It works in the invocation's working directory (not offered where there is none).
+    needs_workdir: bool = False

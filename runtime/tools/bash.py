@@ -103,6 +103,7 @@ BASH_SPEC = ToolSpec(
         "additionalProperties": False,
     },
     effect=Effect.EXTERNAL,
+    needs_workdir=True,
 )
 
 

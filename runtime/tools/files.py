@@ -96,6 +96,7 @@ class ReadTool(_FileTool):
             ["path"],
         ),
         effect=Effect.READ,
+        needs_workdir=True,
     )
 
     def execute(
@@ -137,6 +138,7 @@ class ListTool(_FileTool):
             [],
         ),
         effect=Effect.READ,
+        needs_workdir=True,
     )
 
     def execute(
@@ -211,6 +213,7 @@ class WriteTool(_FileWriter):
         ),
         parameters=_schema({"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
         effect=Effect.WRITE,
+        needs_workdir=True,
     )
 
     def new_content(
@@ -237,6 +240,7 @@ class EditTool(_FileWriter):
             ["path", "old_text", "new_text"],
         ),
         effect=Effect.WRITE,
+        needs_workdir=True,
     )
 
     def new_content(

@@ -15,8 +15,11 @@ import httpx2
 import openai
 import pytest
 
+from gateway import runner
 from gateway.models import ChatCompletionRecord
 from orchestrator.accounts.roles import Role
+from runtime.tools import ToolContext, ToolResult
+from runtime.types import Effect, ToolSpec
 from tests.gateway.conftest import Team, WeatherTool
 from tests.support.model_server import Completion, Error, RecordedRequest, as_requested
 
@@ -233,26 +236,48 @@ def test_image_parts_reach_the_model_as_sent(sdk: SDK, team: Team) -> None:
     assert sent[-1] == {"role": "user", "content": parts}
 
 
-def test_a_tool_the_harness_gates_is_refused_and_the_model_reads_why(sdk: SDK, team: Team) -> None:
+class NoteTool:
+    """A server-side ``write`` tool that needs no working directory (it keeps its notes)."""
+
+    spec = ToolSpec(
+        "post_note",
+        "Post a note.",
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        Effect.WRITE,
+    )
+
+    def __init__(self) -> None:
+        self.posted: list[str] = []
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        self.posted.append(arguments["text"])
+        return ToolResult("posted")
+
+
+def test_a_tool_the_harness_gates_is_refused_and_the_model_reads_why(
+    sdk: SDK, team: Team, weather: WeatherTool
+) -> None:
     """The seeded ``default`` profile makes every write wait for a human: a request cannot ask
     one, so the call is refused (nothing runs) and the model reads the refusal."""
-    key = team.caller("alice", team.employee("ada", tools=["write"]))
+    note = NoteTool()
+    runner._registry().register(note)  # the server's registry (the weather fixture's)
+    key = team.caller("alice", team.employee("ada", tools=["post_note"]))
 
     def script(request: RecordedRequest) -> Completion:
         results = [m for m in request.body["messages"] if m.get("role") == "tool"]
         if not results:
-            arguments = json.dumps({"path": "notes.txt", "content": "hi"})
-            return Completion(tool_calls=[("write", arguments)])
-        return Completion(content=f"Could not write: {results[-1]['content']}")
+            return Completion(tool_calls=[("post_note", json.dumps({"text": "hi"}))])
+        return Completion(content=f"Could not post: {results[-1]['content']}")
 
     team.model.always(script)
     reply = sdk(key).chat.completions.create(
-        model="ada", messages=[{"role": "user", "content": "Write a note."}]
+        model="ada", messages=[{"role": "user", "content": "Post a note."}]
     )
     events = (reply.model_extra or {})["agent_metadata"]
     finished = [e for e in events if e["type"] == "tool_finished"]
-    assert [(e["name"], e["outcome"]) for e in finished] == [("write", "refused")]
+    assert [(e["name"], e["outcome"]) for e in finished] == [("post_note", "refused")]
     assert "needs a human approval" in (reply.choices[0].message.content or "")
+    assert note.posted == []
 
 
 def test_a_rate_limited_model_is_a_rate_limit_error_with_its_retry_after(
@@ -272,3 +297,15 @@ def test_a_rate_limited_model_is_a_rate_limit_error_with_its_retry_after(
         sdk(key).chat.completions.create(model="ada", messages=ask)
     assert (refused.value.status_code, refused.value.code) == (503, "model_unavailable")
     assert len(team.model.requests) == 1
+
+
+def test_tools_that_need_a_working_directory_are_not_offered_in_a_request(
+    sdk: SDK, team: Team, weather: WeatherTool
+) -> None:
+    ada = team.employee("ada", tools=["read", "list", "weather"])
+    key = team.caller("alice", ada)
+    team.model.queue(Completion(content="ok"))
+    sdk(key).chat.completions.create(model="ada", messages=[{"role": "user", "content": "hi"}])
+    offered = [t["function"]["name"] for t in team.model.requests[0].body.get("tools", [])]
+    assert "weather" in offered
+    assert "read" not in offered and "list" not in offered
