@@ -18,6 +18,7 @@ import pytest
 from gateway import runner
 from gateway.models import ChatCompletionRecord
 from orchestrator.accounts.roles import Role
+from orchestrator.agents.clients import breaker_default
 from runtime.tools import ToolContext, ToolResult
 from runtime.types import Effect, ToolSpec
 from tests.gateway.conftest import Team, WeatherTool
@@ -283,20 +284,24 @@ def test_a_tool_the_harness_gates_is_refused_and_the_model_reads_why(
 def test_a_rate_limited_model_is_a_rate_limit_error_with_its_retry_after(
     sdk: SDK, team: Team
 ) -> None:
-    ada = team.employee("ada")
-    key = team.caller("alice", ada)
+    # An employee of its own: the endpoint breaker it trips is shared (Redis) and outlives the test.
+    limited = team.employee("limited")
+    key = team.caller("alice", limited)
     team.model.always(Error(429, {"error": {"message": "slow down"}}, {"Retry-After": "7"}))
     ask = [{"role": "user", "content": "hi"}]
-    with pytest.raises(openai.RateLimitError) as caught:
-        sdk(key).chat.completions.create(model="ada", messages=ask, stream=True)
-    assert caught.value.code == "rate_limit_exceeded"
-    # The provider's hint, or the endpoint breaker's next probe when that is later.
-    assert int(caught.value.response.headers["Retry-After"]) >= 7
-    # Meanwhile the breaker refuses without asking the model: unavailable, not rate limited.
-    with pytest.raises(openai.InternalServerError) as refused:
-        sdk(key).chat.completions.create(model="ada", messages=ask)
-    assert (refused.value.status_code, refused.value.code) == (503, "model_unavailable")
-    assert len(team.model.requests) == 1
+    try:
+        with pytest.raises(openai.RateLimitError) as caught:
+            sdk(key).chat.completions.create(model="limited", messages=ask, stream=True)
+        assert caught.value.code == "rate_limit_exceeded"
+        # The provider's hint, or the endpoint breaker's next probe when that is later.
+        assert int(caught.value.response.headers["Retry-After"]) >= 7
+        # Meanwhile the breaker refuses without asking the model: unavailable, not rate limited.
+        with pytest.raises(openai.InternalServerError) as refused:
+            sdk(key).chat.completions.create(model="limited", messages=ask)
+        assert (refused.value.status_code, refused.value.code) == (503, "model_unavailable")
+        assert len(team.model.requests) == 1
+    finally:
+        breaker_default().store.clear("model-endpoint:limited-loopback")
 
 
 def test_tools_that_need_a_working_directory_are_not_offered_in_a_request(
