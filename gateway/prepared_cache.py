@@ -112,7 +112,3 @@ class ReuseCache(Generic[T]):
             if len(self._entries) >= self.capacity:
                 self._entries.clear()
             self._entries[key] = (stamp.key, value)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
