@@ -11,6 +11,7 @@ iterator cannot await).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
@@ -40,6 +41,7 @@ from runtime.guardrails import (
     check_input,
     check_output,
 )
+from runtime.model_client import STREAM_ACCEPTED
 from runtime.model_pool import pool_http_connections
 from runtime.scrub import scrub
 from runtime.tools import ToolRegistry
@@ -333,21 +335,33 @@ def _status_of(exc: ChatFailed) -> str:
 
 
 _END = object()
+#: Queued once, when the employee's model first accepted a streamed call.
+_ACCEPTED = object()
 #: How long a streamed response may wait for Django to start sending it.
 UNSENT_SECONDS = 30.0
 
 
 async def stream_open(chat: Chat) -> AsyncIterator[str]:
-    """Check the input, start the chat and wait for its first event: a chat refused or failed
-    before any event is an OpenAIError (an HTTP status, as for a non-streamed request);
-    otherwise the SSE events."""
+    """Check the input, start the chat and wait until its model accepted the streamed call (or
+    its first event): a chat refused or failed before that is an OpenAIError (an HTTP status,
+    as for a non-streamed request); otherwise the SSE events, a later failure among them (the
+    response's head then goes out while the model still thinks, off the first content's path)."""
     guarded = await guard_input(chat)
     queue: asyncio.Queue[Any] = asyncio.Queue()
+    accepted = False
 
     async def sink(event: ChatEvent) -> None:
         queue.put_nowait(event)
 
-    task = asyncio.get_running_loop().create_task(chat.run(sink))
+    def on_accepted() -> None:
+        nonlocal accepted
+        if not accepted:
+            accepted = True
+            queue.put_nowait(_ACCEPTED)
+
+    context = contextvars.copy_context()
+    context.run(STREAM_ACCEPTED.set, on_accepted)
+    task = asyncio.get_running_loop().create_task(chat.run(sink), context=context)
     task.add_done_callback(lambda _t: queue.put_nowait(_END))
     try:
         first = await queue.get()
@@ -441,6 +455,9 @@ class _Stream:
                 yield chat.chunk({}, guardrail_metadata=self.guarded)
             item = first
             while item is not _END:
+                if item is _ACCEPTED:
+                    item = await self.queue.get()
+                    continue
                 chunk = self._content(item.text) if item.kind == "content" else None
                 if item.kind != "content" and not (item.kind == "reasoning" and self.gate):
                     chunk = chat.event_chunk(item)  # unchecked reasoning stays behind a gate

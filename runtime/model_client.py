@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -72,6 +73,12 @@ logger = logging.getLogger(__name__)
 
 #: How long the rest of a streamed body after ``[DONE]`` is read for (see ``_drain``).
 DRAIN_SECONDS = 1.0
+
+#: Called (when set in the caller's context) each time an endpoint accepted a streamed call: it
+#: answered 2xx with an event stream. The OpenAI-compatible endpoint starts its own response then.
+STREAM_ACCEPTED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "stream_accepted", default=None
+)
 
 # httpcore's DEBUG trace prints response headers verbatim, and providers and proxies do echo
 # credentials back in headers; a DEBUG log level must not turn that into a leaked key. Pin the
@@ -396,6 +403,9 @@ async def _stream(
             parsed = parse_response(response, target, key)
             await _replay(parsed, router)
             return parsed
+        accepted = STREAM_ACCEPTED.get()
+        if accepted is not None:
+            accepted()
         accumulator = StreamAccumulator()
         await route_stream(_chunks(source, key), accumulator, router)
     return accumulator.response(endpoint=target.name, cost=target.cost, model=target.model)

@@ -22,7 +22,14 @@ from orchestrator.agents.clients import breaker_default
 from runtime.tools import ToolContext, ToolResult
 from runtime.types import Effect, ToolSpec
 from tests.gateway.conftest import Team, WeatherTool
-from tests.support.model_server import Completion, Error, RecordedRequest, as_requested
+from tests.support.model_server import (
+    Completion,
+    Error,
+    RawEvent,
+    RecordedRequest,
+    Stream,
+    as_requested,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 SDK = Callable[[str], openai.OpenAI]
@@ -218,6 +225,33 @@ def test_a_failure_mid_stream_is_a_last_error_event_then_done(
     # The official SDK raises at the error event.
     stream = sdk(key).chat.completions.create(model="ada", messages=body["messages"], stream=True)
     with pytest.raises(openai.APIError):
+        list(stream)
+
+
+def test_a_failure_after_the_model_accepted_the_stream_is_an_error_event(
+    server: str, sdk: SDK, team: Team
+) -> None:
+    # The response starts once the model answered 200 with a stream; what fails after that,
+    # even before any text, is the stream's last event (a refusal before it is an HTTP status).
+    key = team.caller("alice", team.employee("brittle", streaming=True))
+    # (a request error, code 400: a transient one would trip the endpoint's shared breaker)
+    broken = RawEvent(json.dumps({"error": {"message": "it refused", "code": 400}}))
+    team.model.always(Stream([broken]))
+    body = {"model": "brittle", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    with httpx2.Client(timeout=30) as http:
+        response = http.post(
+            f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line]
+    assert events[-1] == "[DONE]" and "it refused" in json.loads(events[-2])["error"]["message"]
+    assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    (record,) = records(1)
+    assert record.status == "error" and "it refused" in record.error
+    stream = sdk(key).chat.completions.create(
+        model="brittle", messages=body["messages"], stream=True
+    )
+    with pytest.raises(openai.APIError, match="it refused"):
         list(stream)
 
 
