@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from orchestrator.accounts.roles import Role
 from orchestrator.agents.wiring import PROFILE_SIGNATURE_COLUMNS
+from orchestrator.sql import fetch_one_prepared
 
 T = TypeVar("T")
 
@@ -72,9 +72,9 @@ class Stamp:
 def stamp_read(prefix: str, username: str) -> Stamp | None:
     """The stamp of token ``prefix`` calling employee ``username``; None when either is unknown
     (call on a thread with a database connection)."""
-    with connection.cursor() as cursor:
-        cursor.execute(STAMP_SQL, [Role.ADMIN.value, prefix, username])
-        row = cursor.fetchone()
+    row = fetch_one_prepared(
+        "loopwright_gateway_stamp", STAMP_SQL, [Role.ADMIN.value, prefix, username]
+    )
     if row is None:
         return None
     platform = repr(getattr(settings, "LOOPWRIGHT_HARNESS_PLATFORM", {}))

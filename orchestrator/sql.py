@@ -7,10 +7,12 @@ extend or steal a lease (docs/reliability.md D5). Nothing here knows an app's mo
 from __future__ import annotations
 
 import functools
+import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from django.db.models.expressions import RawSQL
 
 
@@ -63,6 +65,52 @@ def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
+
+
+#: PostgreSQL connections (the driver's) → the statements prepared on them; None: this
+#: connection's session does not keep them (a transaction-pooling proxy), plain queries only.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[str] | None] = weakref.WeakKeyDictionary()
+_PLACEHOLDER = re.compile(r"%s")
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def fetch_one_prepared(name: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """``sql``'s first row. On PostgreSQL outside a transaction, through a statement each
+    connection prepares once as ``name`` (its plan is reused: planning a read of many small
+    joins can cost more than running it); elsewhere a plain query. ``sql`` has ``%s``
+    placeholders and no other ``%``."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"not a statement name: {name!r}")
+    if not is_postgres() or connection.in_atomic_block:
+        return _fetch_one(sql, params)
+    connection.ensure_connection()
+    raw = connection.connection
+    names = _PREPARED.setdefault(raw, set())
+    if names is None:
+        return _fetch_one(sql, params)
+    try:
+        with connection.cursor() as cursor:
+            if name not in names:
+                numbered = iter(range(1, len(params) + 1))
+                body = _PLACEHOLDER.sub(lambda _m: f"${next(numbered)}", sql)
+                cursor.execute(f"PREPARE {name} AS {body}")
+                names.add(name)
+            cursor.execute(f"EXECUTE {name}({placeholders(params)})", params)
+            row = cursor.fetchone()
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) not in {"26000", "42P05"}:
+            raise
+        # Not prepared where it ran, or prepared already: the session is not ours alone.
+        _PREPARED[raw] = None
+        return _fetch_one(sql, params)
+    return None if row is None else tuple(row)
+
+
+def _fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else tuple(row)
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:

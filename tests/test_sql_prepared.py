@@ -1,0 +1,55 @@
+"""``orchestrator.sql.fetch_one_prepared``: on PostgreSQL a statement each connection prepares
+once and then executes; in a transaction, on SQLite, or where the session does not keep its
+statements (a transaction-pooling proxy), the same row from a plain query."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+
+from orchestrator import sql
+
+SQL = "SELECT %s || '-' || %s"
+
+
+def _prepared_here() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_row_is_the_plain_query_s_everywhere() -> None:
+    assert sql.fetch_one_prepared("lw_test_join", SQL, ["a", "b"]) == ("a-b",)
+    assert sql.fetch_one_prepared("lw_test_join", SQL, ["c", "d"]) == ("c-d",)
+    with transaction.atomic():
+        assert sql.fetch_one_prepared("lw_test_join", SQL, ["e", "f"]) == ("e-f",)
+    assert sql.fetch_one_prepared("lw_test_none", "SELECT 1 WHERE %s = 'x'", ["y"]) is None
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_postgres_prepares_once_per_connection_and_survives_losing_it() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's; SQLite caches its own")
+    connection.close()
+    assert sql.fetch_one_prepared("lw_test_join", SQL, ["a", "b"]) == ("a-b",)
+    assert "lw_test_join" in _prepared_here()
+    with transaction.atomic():  # a failed EXECUTE would break the transaction: plain here
+        assert sql.fetch_one_prepared("lw_test_join", SQL, ["x", "y"]) == ("x-y",)
+    # Another client of the same session (a pooling proxy, DISCARD ALL) dropped it: the row
+    # still comes, from a plain query, and this connection stops preparing.
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    assert sql.fetch_one_prepared("lw_test_join", SQL, ["c", "d"]) == ("c-d",)
+    assert sql.fetch_one_prepared("lw_test_join", SQL, ["e", "f"]) == ("e-f",)
+    assert "lw_test_join" not in _prepared_here()
+    # A new connection prepares again.
+    connection.close()
+    assert sql.fetch_one_prepared("lw_test_join", SQL, ["g", "h"]) == ("g-h",)
+    assert "lw_test_join" in _prepared_here()
+
+
+def test_statement_names_are_plain_identifiers() -> None:
+    with pytest.raises(ValueError, match="not a statement name"):
+        sql.fetch_one_prepared("x; DROP TABLE y", SQL, ["a", "b"])
