@@ -152,6 +152,10 @@ class CircuitBreaker:
         self.closed_cache_seconds = closed_cache_seconds
         #: key → monotonic time until which a closed, failure-free read is trusted.
         self._closed_until: dict[str, float] = {}
+        #: key → failures seen here so far: a read that started before one is not trusted.
+        self._seen_failures: dict[str, int] = {}
+        self._refreshing: set[str] = set()
+        self._refreshes: set[asyncio.Task[None]] = set()
 
     # --- blocking API (one store round trip each; also used from plain threads) ---------------
 
@@ -214,20 +218,50 @@ class CircuitBreaker:
     async def admit(self, key: str, *, probe_lease: float) -> CircuitAdmission:
         if self._closed_until.get(key, 0.0) > time.monotonic():
             return CircuitAdmission(key, Verdict.ALLOW)  # closed, no failures, read moments ago
+        seen = self._seen_failures.get(key, 0)
         try:
             fn = functools.partial(self.admit_sync, key, probe_lease=probe_lease)
             admission = await self.store.run(fn)
         except Exception:
             logger.warning("breaker store unavailable; admitting %s as closed", key, exc_info=True)
             return CircuitAdmission(key, Verdict.ALLOW)
-        trusted = admission.verdict is Verdict.ALLOW and admission.failures == 0
-        if self.closed_cache_seconds and trusted:
-            self._closed_until[key] = time.monotonic() + self.closed_cache_seconds
+        if admission.verdict is Verdict.ALLOW and admission.failures == 0:
+            self._trust(key, seen)
         return admission
+
+    def _trust(self, key: str, seen: int) -> None:
+        """Trust a closed, failure-free read (begun when ``seen`` failures were seen here) for
+        the cache's window, unless a failure was seen here since it began."""
+        if self.closed_cache_seconds and self._seen_failures.get(key, 0) == seen:
+            self._closed_until[key] = time.monotonic() + self.closed_cache_seconds
 
     def _forget(self, key: str) -> None:
         """A failure was seen: the next admission asks the store."""
+        self._seen_failures[key] = self._seen_failures.get(key, 0) + 1
         self._closed_until.pop(key, None)
+
+    def _refresh_ahead(self, key: str) -> None:
+        """After a successful call, with less than half of the trust left: re-read the store in
+        the background, so the next call finds a fresh trust instead of waiting for the store.
+        Trust still never outlives the window after the read it rests on."""
+        left = self._closed_until.get(key, 0.0) - time.monotonic()
+        if not 0 < left < self.closed_cache_seconds / 2 or key in self._refreshing:
+            return
+        self._refreshing.add(key)
+        task = asyncio.get_running_loop().create_task(self._refresh(key))
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
+
+    async def _refresh(self, key: str) -> None:
+        seen = self._seen_failures.get(key, 0)
+        try:
+            snapshot = await self.store.run(functools.partial(self.store.read, key))
+        except Exception:
+            return  # the next admission past the window asks again
+        finally:
+            self._refreshing.discard(key)
+        if snapshot.state is BreakerState.CLOSED and snapshot.failures == 0:
+            self._trust(key, seen)
 
     async def record_failure(self, admission: CircuitAdmission, *, cooldown: float) -> None:
         self._forget(admission.key)
@@ -246,6 +280,8 @@ class CircuitBreaker:
             await self._run_quietly(
                 functools.partial(self.store.reset_failures, admission.key), admission.key
             )
+        elif admission.verdict is Verdict.ALLOW:
+            self._refresh_ahead(admission.key)
 
     async def next_probe_in(self, key: str) -> float | None:
         """:meth:`next_probe_in_sync`; None as well when the store is unreachable."""

@@ -359,6 +359,75 @@ async def test_a_closed_read_is_trusted_briefly_and_any_failure_seen_here_forget
     assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.DENY
 
 
+def _counted_reads(store: BreakerStore, hold: threading.Event | None = None) -> list[str]:
+    """The keys ``store.read`` is asked for from now on; while ``hold`` is clear a read waits."""
+    reads: list[str] = []
+    real_read = store.read
+
+    def counted(key: str) -> BreakerSnapshot:
+        reads.append(key)
+        if hold is not None:
+            assert hold.wait(timeout=10)
+        return real_read(key)
+
+    store.read = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not come true in 5 s")
+
+
+@pytest.mark.anyio
+async def test_a_success_late_in_the_trust_renews_it_from_a_read_in_the_background(
+    store: BreakerStore, clock: FakeClock
+):
+    reads = _counted_reads(store)
+    breaker = CircuitBreaker(store, now=clock.now, closed_cache_seconds=0.3)
+    await breaker.record_success(await breaker.admit(KEY, probe_lease=LEASE), cooldown=60)
+    assert len(reads) == 1  # early in the trust: nothing more to read
+    await asyncio.sleep(0.2)  # less than half of it left now
+    await breaker.record_success(await breaker.admit(KEY, probe_lease=LEASE), cooldown=60)
+    await _until(lambda: len(reads) == 2)  # read again, in the background
+    await asyncio.sleep(0.2)  # past the first read's window, within the second's
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.ALLOW
+    assert len(reads) == 2
+    # The renewed trust rests on its own read: a breaker opened elsewhere is seen after it.
+    other = CircuitBreaker(store, now=clock.now)
+    await store.run(
+        lambda: other.record_failure_sync(other.admit_sync(KEY, probe_lease=LEASE), cooldown=60)
+    )
+    await asyncio.sleep(0.35)
+    assert (await breaker.admit(KEY, probe_lease=LEASE)).verdict is Verdict.DENY
+
+
+@pytest.mark.anyio
+async def test_a_failure_seen_while_the_trust_is_renewed_is_not_papered_over(
+    store: BreakerStore, clock: FakeClock
+):
+    hold = threading.Event()
+    hold.set()
+    reads = _counted_reads(store, hold)
+    breaker = CircuitBreaker(store, now=clock.now, closed_cache_seconds=0.3)
+    admitted = await breaker.admit(KEY, probe_lease=LEASE)
+    await asyncio.sleep(0.2)
+    hold.clear()  # the background read now waits
+    await breaker.record_success(admitted, cooldown=60)
+    await _until(lambda: len(reads) == 2)
+    # Seen here while it reads (the count itself may queue behind the read on the store).
+    counting = asyncio.ensure_future(breaker.count_failure(admitted, cooldown=60))
+    await asyncio.sleep(0)
+    hold.set()
+    await counting
+    await _until(lambda: not breaker._refreshing)
+    await breaker.admit(KEY, probe_lease=LEASE)
+    assert len(reads) == 3  # the read that began before the failure was not trusted
+
+
 @pytest.mark.anyio
 async def test_without_the_setting_every_admission_asks_the_store(
     store: BreakerStore, clock: FakeClock
