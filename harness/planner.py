@@ -4,7 +4,8 @@ Rules, in order (the first that applies decides):
 
 1. a tool whose policy Loopwright cannot enforce is blocked at the source (deny); so is
    ``dispatch_sub_agent_task`` while the ``delegation`` section allows no sub-agent
-   (``maxDepth`` or ``maxCount`` 0, or no ``allowedEmployees``);
+   (``maxDepth`` or ``maxCount`` 0, or no ``allowedEmployees``), and a connector's tool
+   (``mcp__<server>__<tool>``) whose connector ``isolation.allowedConnectors`` does not list;
 2. listed in ``tools.deny`` → deny;
 3. listed in ``tools.ask`` → ask;
 4. not in ``tools.allow`` → ask (never silently allowed, never silently dropped);
@@ -54,6 +55,8 @@ class ToolSets:
     trusted: frozenset[str]
     #: Why the delegation section allows no sub-agent ("" when it allows some).
     delegation_off: str = ""
+    #: ``isolation.allowedConnectors`` (empty: no connector's tools).
+    connectors: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, settings: CompiledHarness | HarnessSettings | Mapping[str, Any]) -> ToolSets:
@@ -71,16 +74,20 @@ class ToolSets:
                     values["delegation.maxDepth"],
                     values["delegation.maxCount"],
                 ),
+                connectors=values["isolation.allowedConnectors"],
             )
         delegation: DelegationSettings | None
+        connectors: list[str]
         if isinstance(settings, HarnessSettings):
             tools, delegation = settings.tools, settings.delegation
+            connectors = settings.isolation.allowed_connectors
         else:
             # Only the sections the plan reads: a snapshot pinned before a later schema change
             # (another section added or narrowed) still plans exactly as it did when compiled.
             tools = ToolsSettings.model_validate(settings["tools"])
             stated = settings.get("delegation")
             delegation = None if stated is None else DelegationSettings.model_validate(stated)
+            connectors = _connectors_of(settings.get("isolation"))
         return cls(
             allow=name_set(tools.allow),
             ask=name_set(tools.ask),
@@ -96,7 +103,22 @@ class ToolSets:
                     delegation.max_count,
                 )
             ),
+            connectors=name_set(connectors),
         )
+
+
+def _connectors_of(isolation: Any) -> list[str]:
+    """A snapshot's ``isolation.allowedConnectors`` (a snapshot without it allows none)."""
+    names = isolation.get("allowedConnectors") if isinstance(isolation, Mapping) else None
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def connector_of(name: str) -> str | None:
+    """The connector a tool belongs to: ``<server>`` of ``mcp__<server>__<tool>``; else None."""
+    if not name.startswith(MCP_PREFIX):
+        return None
+    server, sep, tool = name[len(MCP_PREFIX) :].partition("__")
+    return server if sep and server and tool else None
 
 
 def _delegation_off(allowed: frozenset[str], depth: int, count: int) -> str:
@@ -161,6 +183,8 @@ class ToolPlan:
 
 
 _EFFECTS_BY_NAME = {effect.value: effect for effect in Effect}
+#: Tools of MCP servers are named ``mcp__<server>__<tool>`` (connectors/naming.py).
+MCP_PREFIX = "mcp__"
 _READ = Effect.READ
 # Outcomes are built once: enum attribute lookups would dominate planning 200 tools.
 Outcome = tuple[Decision, str]
@@ -195,6 +219,10 @@ def _decide(spec: ToolSpec, effect: Effect, policy: ToolSets) -> Outcome:
         return _BLOCKED
     if name == SUB_AGENT_TOOL and policy.delegation_off:
         return (Decision.DENY, f"no sub-agent may run: {policy.delegation_off}")
+    if name.startswith(MCP_PREFIX):
+        connector = connector_of(name)
+        if connector is None or not _listed(connector, policy.connectors):
+            return (Decision.DENY, f"connector {connector} not in isolation.allowedConnectors")
     if _listed(name, policy.deny):
         return _DENIED
     if _listed(name, policy.ask):

@@ -99,7 +99,6 @@ def _bounded(path: str) -> Any:
 NOT_BUILT: dict[str, str] = {
     "memory": "Loopwright has no agent memory yet",
     "observability": "Loopwright records no execution spans yet",
-    "isolation.allowedConnectors": "Loopwright has no MCP or A2A connectors yet",
 }
 
 
@@ -151,7 +150,7 @@ RetentionDays = Annotated[
 MemoryEnabled = Annotated[bool, _only_off("memory.enabled", False, "false"), _off_schema(False)]
 MemoryScopes = Annotated[Scopes, _only_off("memory.scopes", [], "[]"), _off_schema([])]
 Delegates = Usernames
-Connectors = Annotated[Names, _only_off("isolation.allowedConnectors", [], "[]"), _off_schema([])]
+Connectors = Names
 Tracing = Annotated[bool, _only_off("observability.enabled", False, "false"), _off_schema(False)]
 CaptureInputs = Annotated[
     bool, _only_off("observability.captureInputs", False, "false"), _off_schema(False)
@@ -258,7 +257,10 @@ class IsolationLayer(_Strict):
         None, description="Refuse to run unless the run has its own worktree."
     )
     allowed_connectors: Opt[Connectors] = Field(
-        None, description="External connectors (MCP servers, agents) that may be used." + _OFF
+        None,
+        description="Connectors whose tools may be offered: MCP server names (tools "
+        'mcp__<server>__<tool>); "*" for every registered one. A connector tool of a server '
+        "not listed is denied whatever tools.allow says.",
     )
     network_access: Opt[NetworkAccess] = Field(
         None,
@@ -383,7 +385,7 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
     "isolation": {
         "mode": "none",
         "requireWorktree": False,
-        "allowedConnectors": [],
+        "allowedConnectors": ["*"],
         "networkAccess": "allow",
         "allowedHosts": ["*"],
     },

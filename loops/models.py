@@ -92,6 +92,8 @@ class LoopPattern(models.Model):
     #: Copied from ``policy.concurrency`` on save, so the claim query can read it cheaply.
     max_concurrency = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
+    #: Served as an A2A agent at ``/a2a/<key>`` (``a2a_server``, docs/interop.md).
+    a2a_enabled = models.BooleanField(default=False)
     version = models.PositiveIntegerField(default=1)
     created_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -43,6 +43,13 @@ class PatternSerializer(StrictModelSerializer[LoopPattern]):
     next_fire_at = serializers.SerializerMethodField(
         help_text="When a cron pattern fires next (null when paused, disabled or not cron)."
     )
+    a2a_enabled = serializers.BooleanField(
+        required=False,
+        help_text=(
+            "Serve the pattern as an A2A agent: JSON-RPC at `/a2a/<key>`, its agent card at "
+            "`/a2a/<key>/.well-known/agent-card.json`; a message starts a run (docs/interop.md)."
+        ),
+    )
 
     class Meta:
         model = LoopPattern
@@ -51,8 +58,8 @@ class PatternSerializer(StrictModelSerializer[LoopPattern]):
             "cron_expression", "timezone", "missed_fire_policy", "event_key", "leader_username",
             "maker_usernames", "verifier_username", "leader_harness_tag", "maker_harness_tag",
             "verifier_harness_tag", "repository_key", "repository_root", "base_ref", "acting_on",
-            "policy", "enabled", "version", "next_fire_at", "created_by", "created_at",
-            "updated_at",
+            "policy", "enabled", "a2a_enabled", "version", "next_fire_at", "created_by",
+            "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = ["version", "created_by", "created_at", "updated_at"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError
+from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orchestrator.errors import InvalidInput
@@ -51,3 +51,31 @@ def render_goal(template: str, context: dict[str, Any]) -> str:
     if len(text) > MAX_GOAL_CHARS:
         raise InvalidInput(f"The rendered goal is longer than {MAX_GOAL_CHARS} characters.")
     return text
+
+
+def _is_inputs(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.Name) and node.name == "inputs"
+
+
+def template_inputs(template: str) -> list[str]:
+    """The input names a goal template reads (``inputs.x``, ``inputs['x']``,
+    ``inputs.get('x')``), sorted; [] for a template that does not parse."""
+    try:
+        tree = _env.parse(template)
+    except TemplateError:
+        return []
+    found: set[str] = set()
+    methods: set[int] = set()  # ``inputs.get(...)``, ``inputs.items()``: calls, not names
+    for call in tree.find_all(nodes.Call):
+        target = call.node
+        if isinstance(target, nodes.Getattr) and _is_inputs(target.node):
+            methods.add(id(target))
+            if target.attr == "get" and call.args and isinstance(call.args[0], nodes.Const):
+                found.add(str(call.args[0].value))
+    for node in tree.find_all(nodes.Getattr):
+        if _is_inputs(node.node) and id(node) not in methods:
+            found.add(node.attr)
+    for item in tree.find_all(nodes.Getitem):
+        if _is_inputs(item.node) and isinstance(item.arg, nodes.Const):
+            found.add(str(item.arg.value))
+    return sorted(found)

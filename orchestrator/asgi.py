@@ -1,7 +1,8 @@
 """One ASGI app served by uvicorn: the Skill Hub's MCP server at ``/mcp``, the OpenAI-compatible
 endpoint at ``/v1/`` (Django without its middleware chain, :mod:`orchestrator.bare_asgi`: the
 endpoint's first byte is not held up by session, CSRF and message middlewares it never uses),
-and Django (API, UI, admin) for everything else.
+patterns served as A2A agents at ``/a2a/<key>`` (:mod:`a2a_server.asgi`), and Django (API, UI,
+admin) for everything else.
 
 A Starlette app routes between them because the MCP SDK's streamable HTTP transport needs its
 session manager running for the app's whole life: the lifespan below enters the endpoint's
@@ -27,12 +28,14 @@ from django.urls import get_resolver  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount, Route  # noqa: E402
 
+from a2a_server.asgi import a2a_asgi  # noqa: E402
 from orchestrator.bare_asgi import BareASGIHandler  # noqa: E402
 from orchestrator.heap import freeze_startup_heap  # noqa: E402
 from skillhub.mcp import mcp_asgi  # noqa: E402
 
 mcp_application, mcp_endpoint = mcp_asgi()
 openai_application = BareASGIHandler()
+a2a_application = a2a_asgi()
 
 
 @contextlib.asynccontextmanager
@@ -49,6 +52,7 @@ application = Starlette(
     routes=[
         Route("/mcp", endpoint=mcp_application, methods=["GET", "POST", "DELETE"]),
         Route("/v1/{rest:path}", endpoint=openai_application),
+        Mount("/a2a", app=a2a_application),
         Mount("/", app=cast(Any, django_application)),
     ],
     lifespan=lifespan,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Model
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -55,6 +56,26 @@ class InvalidInput(DomainError):
     status_code = status.HTTP_400_BAD_REQUEST
     problem_type = "validation-error"
     title = "Invalid input"
+
+
+def invalid_fields(errors: list[dict[str, str]]) -> InvalidInput:
+    """An :class:`InvalidInput` of ``errors`` ({pointer, detail, code}), detailed by the first."""
+    detail = errors[0]["detail"] if len(errors) == 1 else f"{len(errors)} fields are invalid."
+    return InvalidInput(detail, errors=errors)
+
+
+def full_clean_or_invalid(instance: Model, *, prefix: str = "") -> None:
+    """``instance.full_clean()``; its field errors as :class:`InvalidInput` with pointers
+    (``prefix/field``)."""
+    try:
+        instance.full_clean()
+    except ValidationError as exc:
+        errors = [
+            {"pointer": f"{prefix}/{field}" if field != "__all__" else prefix or "/", "detail": msg}
+            for field, messages in exc.message_dict.items()
+            for msg in messages
+        ]
+        raise invalid_fields([{**error, "code": "invalid"} for error in errors]) from None
 
 
 class PayloadTooLarge(DomainError):

@@ -79,8 +79,17 @@ def endpoint_problems(*, provider: str, base_url: str, api_key_env: str) -> dict
     if refusal is not None:
         problems["api_key_env"] = refusal
     if provider != "scripted" and base_url:
-        try:
-            outbound.check_url_now(base_url, outbound.current_policy())
-        except OutboundRefused as exc:
-            problems["base_url"] = f"base_url refused: {exc}"
+        problem = outbound_url_problem(base_url)
+        if problem:
+            problems["base_url"] = f"base_url {problem}"
     return problems
+
+
+def outbound_url_problem(url: str) -> str:
+    """Why the outbound guard refuses ``url`` now ("refused: ..."), or "" (scheme, literal
+    addresses, metadata names, and the addresses a name resolves to now)."""
+    try:
+        outbound.check_url_now(url, outbound.current_policy())
+    except OutboundRefused as exc:
+        return f"refused: {exc}"
+    return ""

@@ -90,7 +90,9 @@ INSTALLED_APPS = [
     "loops",
     "skillhub",
     "gateway",
+    "connectors",
     "frontend",
+    "a2a_server",
 ]
 
 MIDDLEWARE = [

@@ -17,17 +17,15 @@ waits for the result until its own deadline.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
-from django.db import connection
-
+from orchestrator.dbthreads import OffLoopDb
 from orchestrator.errors import DomainError
 from runtime.tools.base import Invocation, Tool, ToolContext, ToolError, ToolResult
 from runtime.types import Effect, ToolSpec
@@ -46,7 +44,6 @@ PREFIX = "skill_hub_"
 CACHE_SECONDS = 2.0
 #: Output shown to the model (the loop cuts it further at ``maxToolOutputLength``).
 _OUTPUT_CHARS = 20_000
-T = TypeVar("T")
 
 _EXECUTE_SPEC = ToolSpec(
     name=EXECUTE,
@@ -66,31 +63,7 @@ _EXECUTE_SPEC = ToolSpec(
     },
     effect=Effect.WRITE,
 )
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skill-tools")
-
-
-def _closing(fn: Callable[[], T]) -> Callable[[], T]:
-    def call() -> T:
-        try:
-            return fn()
-        finally:
-            connection.close()  # a pool thread: keep no connection behind
-
-    return call
-
-
-def _off_loop(fn: Callable[[], T]) -> T:
-    """Run a database read here, or, inside an event loop (where the ORM may not run), in a
-    pool thread, waiting for it."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return fn()
-    return _POOL.submit(_closing(fn)).result(timeout=30)
-
-
-async def _in_pool(fn: Callable[[], T]) -> T:
-    return await asyncio.wrap_future(_POOL.submit(_closing(fn)))
+_THREADS = OffLoopDb("skill-tools")
 
 
 class SkillToolProvider:
@@ -106,7 +79,7 @@ class SkillToolProvider:
     def _load(self) -> None:
         with self._lock:
             if time.monotonic() - self._loaded_at > self.cache_seconds:
-                self._specs, self._reviews = _off_loop(_load_specs)
+                self._specs, self._reviews = _THREADS.blocking(_load_specs)
                 self._loaded_at = time.monotonic()
 
     def _skill_specs(self) -> dict[str, ToolSpec]:
@@ -225,13 +198,14 @@ async def skill_call(name: str, inputs: Any, context: ToolContext, *, generic: b
     if context.invocation is None:  # refused before anything reaches the database
         raise ToolError(NO_INVOCATION)
     key, invocation = context.idempotency_key, context.invocation
-    execution_id, wait = await _in_pool(lambda: _request(name, inputs, key, invocation, generic))
+    requested = functools.partial(_request, name, inputs, key, invocation, generic)
+    execution_id, wait = await _THREADS.run(requested)
     execution = await execution_wait_async(
         execution_id=uuid.UUID(execution_id),
         timeout=min(wait, context.remaining()),
         cancelled=context.cancelled,
     )
-    summary = await _in_pool(lambda: execution_summary(execution))
+    summary = await _THREADS.run(lambda: execution_summary(execution))
     return _result(summary)
 
 

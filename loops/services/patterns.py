@@ -32,6 +32,7 @@ PATTERN_FIELDS = (
     "timezone", "missed_fire_policy", "event_key", "leader_username", "maker_usernames",
     "verifier_username", "leader_harness_tag", "maker_harness_tag", "verifier_harness_tag",
     "repository_key", "repository_root", "base_ref", "acting_on", "policy", "enabled",
+    "a2a_enabled",
 )  # fmt: skip
 
 

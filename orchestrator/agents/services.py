@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import transaction
 from django.db.models import ProtectedError
 
 from harness.schema import layer_validate
@@ -23,7 +23,12 @@ from orchestrator.agents.models import (
     SubAgentBinding,
     employee_harness_problems,
 )
-from orchestrator.errors import Conflict, InvalidInput, NotFound
+from orchestrator.errors import (
+    Conflict,
+    NotFound,
+    full_clean_or_invalid,
+    invalid_fields,
+)
 from runtime.model_config import ModelParams
 
 
@@ -36,21 +41,8 @@ class FailoverSpec:
     params: ModelParams | None = None
 
 
-def _invalid(errors: list[dict[str, str]]) -> InvalidInput:
-    detail = errors[0]["detail"] if len(errors) == 1 else f"{len(errors)} fields are invalid."
-    return InvalidInput(detail, errors=errors)
-
-
-def _full_clean(instance: models.Model, *, prefix: str = "") -> None:
-    try:
-        instance.full_clean()
-    except ValidationError as exc:
-        errors = [
-            {"pointer": f"{prefix}/{field}" if field != "__all__" else prefix or "/", "detail": msg}
-            for field, messages in exc.message_dict.items()
-            for msg in messages
-        ]
-        raise _invalid([{**error, "code": "invalid"} for error in errors]) from None
+_invalid = invalid_fields
+_full_clean = full_clean_or_invalid
 
 
 def _check_failover(routes: list[FailoverRoute]) -> None:

@@ -336,24 +336,22 @@ def test_openapi_documents_the_endpoints_and_the_settings_schema(api_client_for:
 
 
 def test_validate_and_create_refuse_a_feature_not_built_naming_why(admin: APIClient) -> None:
-    bad = {"memory": {"enabled": True}, "isolation": {"allowedConnectors": ["github"]}}
+    bad = {"memory": {"enabled": True}, "observability": {"enabled": True}}
     body = admin.post(f"{BASE}/validate", {"settings": bad}, format="json").json()
     assert body["valid"] is False
     found = {e["pointer"]: e for e in body["errors"]}
-    assert set(found) == {"/settings/memory/enabled", "/settings/isolation/allowedConnectors"}
+    assert set(found) == {"/settings/memory/enabled", "/settings/observability/enabled"}
     assert {e["code"] for e in body["errors"]} == {"not_built"}
     assert found["/settings/memory/enabled"]["detail"].startswith(
         "Loopwright has no agent memory yet, so memory.enabled only accepts false"
     )
-    assert (
-        "no MCP or A2A connectors yet" in found["/settings/isolation/allowedConnectors"]["detail"]
-    )
+    assert "no execution spans yet" in found["/settings/observability/enabled"]["detail"]
     created = problem(
         admin.post(f"{BASE}/create-profile", {"tag": "mem", "settings": bad}, format="json"), 400
     )
     assert sorted(e["pointer"] for e in created["errors"]) == sorted(found)
     assert not HarnessProfile.objects.filter(tag="mem").exists()
-    off = {"memory": {"enabled": False}, "isolation": {"allowedConnectors": []}}
+    off = {"memory": {"enabled": False}, "observability": {"enabled": False}}
     assert admin.post(f"{BASE}/validate", {"settings": off}, format="json").json()["valid"]
 
 

@@ -125,7 +125,7 @@ def test_the_rules_of_features_not_built_yet_still_merge_most_restrictive_wins(
 def test_the_platform_keeps_every_feature_not_built_yet_off() -> None:
     values = harness_compile([platform()]).values
     off = {p: v for p, v in values.items() if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT}
-    assert len(off) == 8  # memory 3, observability 4, allowedConnectors
+    assert len(off) == 7  # memory 3, observability 4
     assert all(value in (False, 0, frozenset()) for value in off.values()), off
 
 

@@ -58,7 +58,7 @@ FULL_LAYER: dict[str, Any] = {
         "captureOutputs": False,
     },
 }
-"""Every field stated: the features not built yet (memory, observability, connectors) at the
+"""Every field stated: the features not built yet (memory, observability) at the
 only value the schema accepts for them, "off"; delegation (sub-agents) off too."""
 
 #: A value asking for more than "off", for every field of a feature not built yet.
@@ -66,7 +66,6 @@ NOT_OFF: dict[str, Any] = {
     "memory.enabled": True,
     "memory.scopes": ["public"],
     "memory.maxChars": 1,
-    "isolation.allowedConnectors": ["*"],
     "observability.enabled": True,
     "observability.tracingRetentionDays": 7,
     "observability.captureInputs": True,
@@ -266,7 +265,8 @@ def test_the_json_schema_is_valid_draft_2020_12_and_strict() -> None:
         # values the validator refuses as not built: the JSON Schema must refuse them too
         {"memory": {"enabled": True}},
         {"memory": {"scopes": ["public"]}},
-        {"isolation": {"allowedConnectors": ["github"]}},
+        # connectors bind (MCP servers): names are accepted
+        {"isolation": {"allowedConnectors": ["github", "*"]}},
         # delegation binds (sub-agents): more than "off" is accepted
         {"delegation": {"maxDepth": 1, "maxCount": 3, "allowedEmployees": ["alice", "*"]}},
         {"observability": {"tracingRetentionDays": 7}},
