@@ -6,7 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from frontend import streams
-from frontend.views import agents, approvals, metrics, patterns, policies, runs, skills
+from frontend.views import agents, approvals, connectors, metrics, patterns, policies, runs, skills
 
 app_name = "ui"
 _ACTIONS = "pause|resume|cancel|escalate|accept"
@@ -69,6 +69,9 @@ urlpatterns = [
     ),
     path("endpoints/<slug:name>", agents.endpoint_detail, name="endpoint"),
     # Skills
+    path("connectors", connectors.connector_list, name="connectors"),
+    path("connectors/<slug:name>", connectors.connector_detail, name="connector"),
+    path("connectors/<slug:name>/refresh", connectors.connector_refresh, name="connector-refresh"),
     path("skills", skills.skill_list, name="skills"),
     path("skills/new", skills.skill_create_view, name="skill-create"),
     path("skills/<slug:tool_name>", skills.skill_detail, name="skill"),

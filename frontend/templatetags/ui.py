@@ -248,6 +248,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "employees": ("/employees", "/endpoints"),
         "approvals": ("/approvals",),
         "skills": ("/skills",),
+        "connectors": ("/connectors",),
         "metrics": ("/metrics",),
     }
     current = path == "/" if section == "monitor" else False

@@ -155,6 +155,13 @@ RIGHTS: dict[str, dict[str, str]] = {
     "ui:pattern-trigger": {"GET": OPERATOR, "POST": OPERATOR},
     "ui:policy-draft": {"GET": ADMIN, "POST": ADMIN},
     "ui:policy-publish": {"POST": ADMIN},
+    # connectors: everyone reads, admins register (their tools reach outside, with secrets)
+    "ui:connectors": {"GET": VIEWER, "POST": ADMIN},
+    "ui:connector": READ,
+    "ui:connector-refresh": {"POST": ADMIN},
+    "mcp-server-list": {**READ, "POST": ADMIN},
+    "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
+    "mcp-server-refresh": {"POST": ADMIN},
 }
 API_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 REFUSALS = {401, 403, 404, 405}

@@ -85,6 +85,9 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             # Grants are access control: admins only (tests/ui/test_employee_endpoint_pages.py).
             "employee-grant-add": ("/employees/x/grants", {"username": "viewer"}, Role.ADMIN),
             "employee-grant-remove": ("/employees/x/grants/viewer/remove", {}, Role.ADMIN),
+            # MCP servers reach outside with secrets: admins only (test_connector_pages.py).
+            "connectors": ("/connectors", {"name": "x"}, Role.ADMIN),
+            "connector-refresh": ("/connectors/x/refresh", {}, Role.ADMIN),
         }
     )
     return targets
