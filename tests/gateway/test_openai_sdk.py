@@ -59,6 +59,16 @@ def records(expected: int, timeout: float = 5.0) -> list[ChatCompletionRecord]:
         time.sleep(0.02)
 
 
+def stream_events(server: str, key: str, body: dict[str, Any]) -> list[str]:
+    """POST a streamed chat over plain HTTP (status 200 asserted): its ``data:`` payloads."""
+    with httpx2.Client(timeout=30) as http:
+        response = http.post(
+            f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+    assert response.status_code == 200, response.text
+    return [line.removeprefix("data: ") for line in response.text.splitlines() if line]
+
+
 def weather_script(request: RecordedRequest) -> Completion:
     """Call ``weather`` once, then answer with what it said."""
     messages = request.body["messages"]
@@ -209,12 +219,7 @@ def test_a_failure_mid_stream_is_a_last_error_event_then_done(
     fell_over = Error(400, {"error": {"message": "the model refused this"}})
     team.model.queue(call, fell_over, call).always(fell_over)
     body = {"model": "ada", "stream": True, "messages": [{"role": "user", "content": "go"}]}
-    with httpx2.Client(timeout=30) as http:
-        response = http.post(
-            f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        )
-    assert response.status_code == 200
-    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line]
+    events = stream_events(server, key, body)
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     assert set(last) == {"error"} and set(last["error"]) == {"message", "type", "param", "code"}
@@ -238,12 +243,7 @@ def test_a_failure_after_the_model_accepted_the_stream_is_an_error_event(
     broken = RawEvent(json.dumps({"error": {"message": "it refused", "code": 400}}))
     team.model.always(Stream([broken]))
     body = {"model": "brittle", "stream": True, "messages": [{"role": "user", "content": "go"}]}
-    with httpx2.Client(timeout=30) as http:
-        response = http.post(
-            f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        )
-    assert response.status_code == 200
-    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line]
+    events = stream_events(server, key, body)
     assert events[-1] == "[DONE]" and "it refused" in json.loads(events[-2])["error"]["message"]
     assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     (record,) = records(1)
