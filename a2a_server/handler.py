@@ -124,6 +124,15 @@ def _caller(context: ServerCallContext) -> A2ACaller:
     return caller
 
 
+def _operator(context: ServerCallContext) -> A2ACaller:
+    """The caller, who must hold the operator role: starting and cancelling runs (checked again
+    here, where the run starts or ends, whatever the ASGI layer let through)."""
+    caller = _caller(context)
+    if not caller.can_operate:
+        raise InvalidRequestError(message="Starting or cancelling runs needs the operator role.")
+    return caller
+
+
 def _pattern(context: ServerCallContext) -> str:
     return str(context.state[PATTERN_KEY])
 
@@ -168,7 +177,7 @@ class PatternRequestHandler(RequestHandler):
 
     @validate_request_params
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
-        caller = _caller(context)
+        caller = _operator(context)
         try:
             view = await in_thread(
                 a2a_run_cancel,
@@ -197,7 +206,7 @@ class PatternRequestHandler(RequestHandler):
             return await in_thread(
                 a2a_run_start,
                 pattern_key=_pattern(context),
-                caller=_caller(context),
+                caller=_operator(context),
                 inputs=inputs,
                 context_id=_context_id(message),
             )

@@ -4,15 +4,25 @@ the cited evidence only once the run succeeded, and a goal template names its in
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
-from a2a.types.a2a_pb2 import Message, Part, Role, TaskState
-from a2a.utils.errors import InvalidParamsError
+from a2a.server.context import ServerCallContext
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    TaskState,
+)
+from a2a.utils.errors import InvalidParamsError, InvalidRequestError
 from google.protobuf import json_format, struct_pb2
 
+from a2a_server.handler import CALLER_KEY, PATTERN_KEY, PatternRequestHandler
 from a2a_server.protocol import message_inputs, run_task, task_state
-from a2a_server.records import EvidenceView, RunView
+from a2a_server.records import A2ACaller, EvidenceView, RunView
 from loops.models import RunStatus
 from loops.state import PARKED, TERMINAL
 from loops.templates import template_inputs
@@ -103,3 +113,16 @@ def test_a_goal_template_names_its_inputs() -> None:
     )
     assert template_inputs(template) == ["note", "topic", "who"]
     assert template_inputs("{{ broken") == []
+
+
+def test_the_handler_itself_refuses_runs_to_a_caller_without_the_operator_role() -> None:
+    # Whatever the ASGI layer lets through (a method name it does not know), starting or
+    # cancelling a run is refused where it happens.
+    viewer = A2ACaller(user_id=1, username="watcher", can_read=True, can_operate=False)
+    context = ServerCallContext(state={CALLER_KEY: viewer, PATTERN_KEY: "brief"})
+    handler = PatternRequestHandler()
+    message = Message(message_id="m1", role=Role.ROLE_USER, parts=[Part(text="hi")])
+    with pytest.raises(InvalidRequestError, match="operator role"):
+        asyncio.run(handler.on_message_send(SendMessageRequest(message=message), context))
+    with pytest.raises(InvalidRequestError, match="operator role"):
+        asyncio.run(handler.on_cancel_task(CancelTaskRequest(id="x"), context))
