@@ -25,6 +25,7 @@ from gateway import access, runner
 from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
 from gateway.validation import CompletionRequest, chat_request, parse_body
+from orchestrator.logcontext import REQUEST_ID
 from orchestrator.middleware import declared_length, request_id_of
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ def openai_view(*methods: str) -> Callable[[View], View]:
     def decorate(view: View) -> View:
         @wraps(view)
         async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            request.request_id = request_id_of(request)  # type: ignore[attr-defined]
+            request_id = request_id_of(request)
+            request.request_id = request_id  # type: ignore[attr-defined]
+            REQUEST_ID.set(request_id)  # this request's task: its log lines name it
             response = await _answer(view, methods, request, *args, **kwargs)
             response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
             return response

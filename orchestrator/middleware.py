@@ -26,6 +26,7 @@ from orchestrator.errors import (
     problem,
 )
 from orchestrator.jsonlimits import MAX_DEPTH, pointer, safe_text
+from orchestrator.logcontext import REQUEST_ID
 
 logger = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -45,7 +46,11 @@ class RequestIdMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         request.request_id = request_id_of(request)  # type: ignore[attr-defined]
-        response = self.get_response(request)
+        token = REQUEST_ID.set(request.request_id)  # type: ignore[attr-defined]
+        try:
+            response = self.get_response(request)
+        finally:
+            REQUEST_ID.reset(token)
         response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
         return response
 

@@ -17,6 +17,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from orchestrator.logcontext import log_format
 from runtime.outbound import (
     OutboundPolicy,
     OutboundRefused,
@@ -342,11 +343,20 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "loopwright@localhost"
 if not EMAIL_HOST:
     EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
+# --- Logs: plain lines, or JSON lines (LOG_FORMAT=json) ----------------------------------------
+try:
+    LOG_FORMAT = log_format(os.environ.get("LOG_FORMAT"))
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        # One JSON object per line with the request and run ids (orchestrator/logcontext.py).
+        "json": {"()": "orchestrator.logcontext.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from orchestrator.health import healthz
+from orchestrator.health import healthz, readyz
 
 # HTML for people on UI paths, problem+json for the API and scripts (content-negotiated).
 handler400 = "frontend.errors.handler400"
@@ -14,6 +14,7 @@ handler500 = "frontend.errors.handler500"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

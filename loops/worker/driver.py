@@ -33,6 +33,7 @@ from loops.services.claims_failures import describe_error, run_driver_error
 from loops.services.runs import runs_release_owner
 from loops.services.transitions import Lease
 from loops.worker.engine import drive_run, with_resume_steps
+from orchestrator.logcontext import RUN_ID
 from runtime.invocation import LeaseLost, RoleInvoker
 from runtime.model_pool import close_http_pool, pool_http_connections
 
@@ -202,6 +203,7 @@ class RunDriver:
 
     async def _drive(self, claim: Claimed) -> None:
         run_id = claim.lease.run_id
+        RUN_ID.set(str(run_id))  # this task's log lines name the run (LOG_FORMAT=json)
         try:
             await drive_run(self, claim)
         except LeaseLost:

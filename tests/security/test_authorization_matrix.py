@@ -73,6 +73,7 @@ HOLDERS: dict[str, frozenset[str]] = {
 READ = {"GET": VIEWER}
 RIGHTS: dict[str, dict[str, str]] = {
     "healthz": {"GET": PUBLIC},
+    "readyz": {"GET": PUBLIC},
     "schema": {"GET": PUBLIC},
     "api-docs": {"GET": PUBLIC},
     "api-redoc": {"GET": PUBLIC},
