@@ -49,9 +49,16 @@ SEARCH, DELETE, SLOW = "mcp__docs__search", "mcp__docs__delete_page", "mcp__docs
 WAIT = int(__import__("os").environ.get("LW_MCP_WAIT", "240"))
 
 
+#: What the maker calls, in order, then it reports what it got.
+CALLS = [(SEARCH, {"query": "agent"}), (DELETE, {"page": "install"}), (SLOW, {"seconds": 60})]
+#: With the server down: searches until its breaker opens (5 failures), and once more.
+SEARCHES = [(SEARCH, {"query": f"q{n}"}) for n in range(6)]
+
+
 def script(request: RecordedRequest) -> Completion:
-    """Leader plans; the maker searches, deletes a page (parks), writes slowly (the worker is
-    killed meanwhile), then reports what it got; the verifier passes."""
+    """Leader plans; the maker makes the calls of the pattern's input ``calls`` (CALLS: it
+    searches, deletes a page (parks), writes slowly (the worker is killed meanwhile)), then
+    reports what it got; the verifier passes."""
     messages = request.body["messages"]
     role = role_of(messages)
     if role == "leader":
@@ -62,7 +69,7 @@ def script(request: RecordedRequest) -> Completion:
     offered = {t["function"]["name"] for t in request.body.get("tools") or []}
     if not {SEARCH, DELETE, SLOW} <= offered:
         return Completion(content=f"Not offered the MCP tools, only {sorted(offered)}")
-    calls = [(SEARCH, {"query": "agent"}), (DELETE, {"page": "install"}), (SLOW, {"seconds": 60})]
+    calls = SEARCHES if "[calls searches]" in json.dumps(messages) else CALLS
     if len(results) < len(calls):
         name, arguments = calls[len(results)]
         return Completion(tool_calls=[(name, json.dumps(arguments))])
@@ -141,3 +148,23 @@ def test_a_run_calls_mcp_tools_parks_on_the_destructive_one_and_survives_a_worke
     slow = steps[SLOW]
     assert slow.status == "failed", (slow.status, slow.error, slow.response)
     assert "outcome is unknown" in slow.error, (slow.error, slow.response)
+
+
+def test_a_server_that_is_down_gives_the_maker_tool_errors_not_a_failed_run(
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    procs: list[Any],
+    docs: DocsServer,
+    pattern: Any,
+) -> None:
+    docs.stop()
+    start_worker(workers, tmp_path, "only", **AGENT)
+    run = run_trigger(pattern=pattern, actor="operator", inputs={"label": "[calls searches]"})
+    ends = (RunStatus.WAITING_HUMAN, RunStatus.SUCCEEDED, RunStatus.FAILED)
+    wait_for(lambda: _status(run) in ends, timeout=WAIT, interval=0.5, message=log_tails(workers))
+    final = LoopRun.objects.get(pk=run.id)
+    assert (final.status, final.terminal_reason) == PASSED, (final.status, final.failure_reason)
+    answers = [s.error for s in LoopStep.objects.filter(run=run, kind="tool").order_by("seq")]
+    assert len(answers) == 6, answers
+    assert all("MCP server docs failed on search" in a for a in answers[:5]), answers
+    assert "circuit is open" in answers[5], answers
