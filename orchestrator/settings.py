@@ -326,6 +326,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "loops.models.RunStatus",
         "ChatCompletionStatusEnum": "gateway.models.CompletionStatus",
+        "SkillExecutionStatusEnum": "skillhub.models.ExecutionStatus",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
