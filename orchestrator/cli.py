@@ -3,6 +3,9 @@
     loopwright trigger <pattern> [--input key=value ...] [--override section.key=value ...]
                                  [--overrides-json '{...}'] [--watch]
     loopwright watch <run-id>
+    loopwright approvals [--run <run-id>]
+    loopwright approve <approval-id> [--reason TEXT]
+    loopwright reject <approval-id> [--reason TEXT]
 
 ``--override`` and ``--overrides-json`` give the run's own harness layer (docs/harness.md): it
 can only tighten. What it asks for beyond an earlier layer is not applied; the CLI prints each
@@ -403,6 +406,49 @@ def cmd_watch(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     return watch(api, args.run_id, out)
 
 
+def approval_line(approval: dict[str, Any]) -> str:
+    """One pending approval: its id, run, tool and arguments, and why it asks."""
+    arguments = json.dumps(approval.get("arguments"), ensure_ascii=False, sort_keys=True)
+    reason = approval.get("reason") or ""
+    return (
+        f"{approval['id']}  run {approval.get('run')}  {approval.get('tool_name')} "
+        f"{_short(arguments, 160)}" + (f"  ({_short(reason, 120)})" if reason else "")
+    )
+
+
+def cmd_approvals(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    params = {"status": "pending"} | ({"run": args.run} if args.run else {})
+    found = api.request("GET", "approvals", params=params)
+    pending = found.get("results", []) if isinstance(found, dict) else found
+    if not pending:
+        print("no pending approvals", file=out)
+    for approval in pending:
+        print(approval_line(approval), file=out)
+    return EXIT_OK
+
+
+def _decide(api: Api, args: argparse.Namespace, out: TextIO, decision: str) -> int:
+    body = {"decision": decision, "reason": args.reason or ""}
+    try:
+        decided = api.request(
+            "POST", f"approvals/{quote(args.approval_id, safe='')}/decide", json=body
+        )
+    except CliError as exc:
+        if exc.status == 404:
+            raise CliError(f"Not found: no approval {args.approval_id!r} at {api.url}.") from exc
+        raise
+    print(f"approval {decided['id']} {decided.get('status', decision)}", file=out)
+    return EXIT_OK
+
+
+def cmd_approve(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    return _decide(api, args, out, "approve")
+
+
+def cmd_reject(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    return _decide(api, args, out, "reject")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopwright",
@@ -437,6 +483,17 @@ def build_parser() -> argparse.ArgumentParser:
     follow = commands.add_parser("watch", help="follow a run's events until it ends")
     follow.add_argument("run_id", help="the run's id")
     follow.set_defaults(handler=cmd_watch)
+    listing = commands.add_parser("approvals", help="list the pending approvals")
+    listing.add_argument("--run", help="only this run's")
+    listing.set_defaults(handler=cmd_approvals)
+    for name, handler, verb in (
+        ("approve", cmd_approve, "approve"),
+        ("reject", cmd_reject, "reject"),
+    ):
+        decide = commands.add_parser(name, help=f"{verb} a pending tool call")
+        decide.add_argument("approval_id", help="the approval's id (loopwright approvals)")
+        decide.add_argument("--reason", help="why (recorded with the decision)")
+        decide.set_defaults(handler=handler)
     return parser
 
 
