@@ -7,10 +7,13 @@ from runtime.tools.registry import tool_provider_register
 
 class ConnectorsConfig(AppConfig):
     name = "connectors"
-    verbose_name = "Connectors (MCP servers)"
+    verbose_name = "Connectors (MCP servers, A2A agents)"
 
     def ready(self) -> None:
+        from connectors.a2a_tools import A2A_TOOLS
         from connectors.tools import MCP_TOOLS
 
-        # MCP servers' tools become tools of the production registry (runs, requests, approvals).
+        # MCP servers' tools and A2A agents become tools of the production registry (runs,
+        # requests, approvals).
         tool_provider_register(MCP_TOOLS)
+        tool_provider_register(A2A_TOOLS)

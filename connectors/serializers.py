@@ -14,7 +14,7 @@ from runtime import outbound
 from runtime.secrets import api_key_configured
 
 
-def _guard_url(value: str) -> None:
+def guard_url(value: str) -> None:
     """The outbound guard's static checks, with the rule in the refusal (its addresses are
     checked when the row is saved, and on every connection)."""
     try:
@@ -26,7 +26,7 @@ def _guard_url(value: str) -> None:
 class McpServerSerializer(StrictModelSerializer[McpServer]):
     url = serializers.URLField(
         max_length=500,
-        validators=[_guard_url],
+        validators=[guard_url],
         help_text="The server's MCP endpoint (streamable HTTP, or the SSE endpoint of older "
         "servers); checked by the outbound guard when saved and on every connection.",
     )

@@ -64,15 +64,9 @@ def mcp_server_delete(*, server: McpServer) -> None:
 def server_access(server: McpServer) -> ServerAccess | str:
     """How to reach ``server`` now (its header values read from their environment variables),
     or why it cannot be reached."""
-    headers: dict[str, str] = {}
-    for header, variable in (server.headers or {}).items():
-        try:
-            value = api_key_from_env(variable, rule=current_secret_rule())
-        except SecretNotAllowed as exc:
-            return f"header {header}: {exc}"
-        if value is None:
-            return f"header {header}: the environment variable {variable} is not set"
-        headers[header] = value.reveal()
+    headers = header_values(server.headers or {})
+    if isinstance(headers, str):
+        return headers
     return ServerAccess(
         name=server.name,
         url=server.url,
@@ -80,6 +74,20 @@ def server_access(server: McpServer) -> ServerAccess | str:
         timeout_seconds=float(server.timeout_seconds),
         headers=headers,
     )
+
+
+def header_values(headers: dict[str, str]) -> dict[str, str] | str:
+    """Each header's value read from its environment variable now, or why one cannot be."""
+    values: dict[str, str] = {}
+    for header, variable in headers.items():
+        try:
+            value = api_key_from_env(variable, rule=current_secret_rule())
+        except SecretNotAllowed as exc:
+            return f"header {header}: {exc}"
+        if value is None:
+            return f"header {header}: the environment variable {variable} is not set"
+        values[header] = value.reveal()
+    return values
 
 
 def listed_entry(server: str, tool: RemoteTool) -> dict[str, Any]:
@@ -108,7 +116,7 @@ def mcp_server_refresh(server: McpServer) -> McpServer:
             raise ValueError(access)
         listed = asyncio.run(asyncio.wait_for(list_tools(access), access.timeout_seconds))
     except Exception as exc:
-        server.list_error = _reason(exc)
+        server.list_error = failure_reason(exc)
         logger.warning("MCP server %s: tools/list failed: %s", server.name, server.list_error)
         server.save(update_fields=["list_error"])
         return server
@@ -126,7 +134,7 @@ def mcp_server_refresh_by_name(name: str) -> None:
         mcp_server_refresh(server)
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """The innermost useful message of ``exc`` (task groups wrap transport errors)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]

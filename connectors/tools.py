@@ -185,7 +185,7 @@ class McpTool:
             await breaker.record_success(admission, cooldown=BREAKER_COOLDOWN_SECONDS)
             return ToolResult(f"Error: MCP server {offered.server} refused: {exc}", is_error=True)
         except Exception as exc:  # transport, protocol, timeout: the server failed this call
-            await _failed(breaker, admission)
+            await breaker_failed(breaker, admission)
             reason = "timed out" if isinstance(exc, TimeoutError) else _reason(exc)
             logger.warning("MCP %s: %s failed: %s", offered.server, offered.remote_name, reason)
             return ToolResult(
@@ -196,7 +196,8 @@ class McpTool:
         return ToolResult(answer.text or "(no content)", is_error=answer.is_error)
 
 
-async def _failed(breaker: CircuitBreaker, admission: Any) -> None:
+async def breaker_failed(breaker: CircuitBreaker, admission: Any) -> None:
+    """Count a failed call on ``breaker``: a failed probe opens it again at once."""
     if admission.verdict is Verdict.PROBE:
         await breaker.record_failure(admission, cooldown=BREAKER_COOLDOWN_SECONDS)
     else:

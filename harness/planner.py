@@ -5,7 +5,8 @@ Rules, in order (the first that applies decides):
 1. a tool whose policy Loopwright cannot enforce is blocked at the source (deny); so is
    ``dispatch_sub_agent_task`` while the ``delegation`` section allows no sub-agent
    (``maxDepth`` or ``maxCount`` 0, or no ``allowedEmployees``), and a connector's tool
-   (``mcp__<server>__<tool>``) whose connector ``isolation.allowedConnectors`` does not list;
+   (``mcp__<server>__<tool>``, ``a2a__<agent>``) whose connector ``isolation.allowedConnectors``
+   does not list;
 2. listed in ``tools.deny`` → deny;
 3. listed in ``tools.ask`` → ask;
 4. not in ``tools.allow`` → ask (never silently allowed, never silently dropped);
@@ -114,7 +115,11 @@ def _connectors_of(isolation: Any) -> list[str]:
 
 
 def connector_of(name: str) -> str | None:
-    """The connector a tool belongs to: ``<server>`` of ``mcp__<server>__<tool>``; else None."""
+    """The connector a tool belongs to: ``<server>`` of ``mcp__<server>__<tool>``, ``<agent>``
+    of ``a2a__<agent>``; else None."""
+    if name.startswith(A2A_PREFIX):
+        agent = name[len(A2A_PREFIX) :]
+        return agent if agent and "__" not in agent else None
     if not name.startswith(MCP_PREFIX):
         return None
     server, sep, tool = name[len(MCP_PREFIX) :].partition("__")
@@ -185,6 +190,9 @@ class ToolPlan:
 _EFFECTS_BY_NAME = {effect.value: effect for effect in Effect}
 #: Tools of MCP servers are named ``mcp__<server>__<tool>`` (connectors/naming.py).
 MCP_PREFIX = "mcp__"
+#: External A2A agents are offered as ``a2a__<agent>`` (connectors/a2a_tools.py).
+A2A_PREFIX = "a2a__"
+_CONNECTOR_PREFIXES = (MCP_PREFIX, A2A_PREFIX)
 _READ = Effect.READ
 # Outcomes are built once: enum attribute lookups would dominate planning 200 tools.
 Outcome = tuple[Decision, str]
@@ -219,7 +227,7 @@ def _decide(spec: ToolSpec, effect: Effect, policy: ToolSets) -> Outcome:
         return _BLOCKED
     if name == SUB_AGENT_TOOL and policy.delegation_off:
         return (Decision.DENY, f"no sub-agent may run: {policy.delegation_off}")
-    if name.startswith(MCP_PREFIX):
+    if name.startswith(_CONNECTOR_PREFIXES):
         connector = connector_of(name)
         if connector is None or not _listed(connector, policy.connectors):
             return (Decision.DENY, f"connector {connector} not in isolation.allowedConnectors")

@@ -10,7 +10,12 @@ class LoopsConfig(AppConfig):
     def ready(self) -> None:
         from harness.checks import publish_check_register
         from loops.services.patterns import profile_publish_check
+        from loops.services.runs import run_is_canceled
+        from runtime.run_cancellation import run_canceled_probe_register
 
         # A profile publish that would make a pattern following its tag break the registration
         # check (autonomy and human gates, worktree and repository) is refused.
         publish_check_register(profile_publish_check)
+        # A tool whose call is cancelled asks whether the run was cancelled (then it stops its
+        # remote work) or only paused or moved to another worker (then the call resumes).
+        run_canceled_probe_register(run_is_canceled)

@@ -327,6 +327,8 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "loops.models.RunStatus",
         "ChatCompletionStatusEnum": "gateway.models.CompletionStatus",
         "SkillExecutionStatusEnum": "skillhub.models.ExecutionStatus",
+        "A2AAgentEffectEnum": "connectors.models.AgentEffect",
+        "ToolEffectEnum": [("read", "read"), ("write", "write"), ("external", "external")],
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

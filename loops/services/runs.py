@@ -309,3 +309,8 @@ def runs_release_owner(*, owner: str) -> int:
         except (LeaseLost, state.TransitionRefused):  # lost meanwhile: nothing to release
             continue
     return released
+
+
+def run_is_canceled(run_id: uuid.UUID) -> bool:
+    """Whether run ``run_id`` has been cancelled (tools ask it when their call is cancelled)."""
+    return LoopRun.objects.filter(id=run_id, status=RunStatus.CANCELED).exists()

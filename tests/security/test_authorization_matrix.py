@@ -163,6 +163,9 @@ RIGHTS: dict[str, dict[str, str]] = {
     "mcp-server-list": {**READ, "POST": ADMIN},
     "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
     "mcp-server-refresh": {"POST": ADMIN},
+    "a2a-agent-list": {**READ, "POST": ADMIN},
+    "a2a-agent-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
+    "a2a-agent-refresh": {"POST": ADMIN},
 }
 API_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 REFUSALS = {401, 403, 404, 405}
