@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
-import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +33,11 @@ from connectors.a2a_client import (
 )
 from connectors.a2a_services import a2a_call_open, a2a_call_sending, a2a_call_task, agent_access
 from connectors.models import A2AAgent, A2ACall
+from connectors.offered import OfferedTools
 from connectors.services import failure_reason
 from connectors.tools import BREAKER_COOLDOWN_SECONDS, breaker_failed
 from harness.planner import A2A_PREFIX
-from orchestrator.agents.clients import breaker_default
 from orchestrator.dbthreads import OffLoopDb
-from runtime.breaker import CircuitBreaker
 from runtime.outbound import OutboundRefused
 from runtime.run_cancellation import run_was_canceled
 from runtime.tools.base import Tool, ToolContext, ToolResult
@@ -98,42 +95,16 @@ def _load() -> dict[str, OfferedAgent]:
     return found
 
 
-class A2AToolProvider:
+class A2AToolProvider(OfferedTools[OfferedAgent]):
     """The A2A agent tools of the production registry."""
 
     def __init__(self, cache_seconds: float = CACHE_SECONDS) -> None:
-        self.cache_seconds = cache_seconds
-        self._lock = threading.Lock()
-        self._tools: dict[str, OfferedAgent] = {}
-        self._loaded_at = float("-inf")
-        self._breaker: CircuitBreaker | None = None
-
-    def _offered(self) -> dict[str, OfferedAgent]:
-        with self._lock:
-            if time.monotonic() - self._loaded_at > self.cache_seconds:
-                self._tools = _THREADS.blocking(_load)
-                self._loaded_at = time.monotonic()
-            return self._tools
-
-    def invalidate(self) -> None:
-        with self._lock:
-            self._loaded_at = float("-inf")
-
-    def breaker(self) -> CircuitBreaker:
-        if self._breaker is None:
-            self._breaker = breaker_default()
-        return self._breaker
-
-    def review_gates(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
-        return {}  # the harness plan decides, with the agent's trust tier as the effect
-
-    def specs(self) -> list[ToolSpec]:
-        return [tool.spec for tool in self._offered().values()]
+        super().__init__(_load, _THREADS, cache_seconds)
 
     def get(self, name: str) -> Tool | None:
         if not name.startswith(A2A_PREFIX):
             return None
-        offered = self._offered().get(name)
+        offered = self.offered().get(name)
         return None if offered is None else A2ATool(offered, self)
 
 

@@ -20,17 +20,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from connectors.mcp_client import CallAnswer, ServerAccess, call_tool
 from connectors.models import McpServer
 from connectors.naming import PREFIX, effect_of
+from connectors.offered import OfferedTools
 from connectors.services import mcp_server_refresh_by_name, server_access
-from orchestrator.agents.clients import breaker_default
 from orchestrator.dbthreads import OffLoopDb
 from runtime.breaker import CircuitBreaker, Verdict
 from runtime.outbound import OutboundRefused
@@ -42,7 +39,6 @@ CACHE_SECONDS = 2.0
 BREAKER_COOLDOWN_SECONDS = 30.0
 #: The idempotency key's ``_meta`` entry on every call.
 IDEMPOTENCY_META = "io.loopwright/idempotency-key"
-T = TypeVar("T")
 logger = logging.getLogger(__name__)
 _THREADS = OffLoopDb("mcp-tools")
 
@@ -87,42 +83,16 @@ def _load() -> dict[str, OfferedTool]:
     return tools
 
 
-class McpToolProvider:
+class McpToolProvider(OfferedTools[OfferedTool]):
     """The MCP tools of the production registry."""
 
     def __init__(self, cache_seconds: float = CACHE_SECONDS) -> None:
-        self.cache_seconds = cache_seconds
-        self._lock = threading.Lock()
-        self._tools: dict[str, OfferedTool] = {}
-        self._loaded_at = float("-inf")
-        self._breaker: CircuitBreaker | None = None
-
-    def _offered(self) -> dict[str, OfferedTool]:
-        with self._lock:
-            if time.monotonic() - self._loaded_at > self.cache_seconds:
-                self._tools = _THREADS.blocking(_load)
-                self._loaded_at = time.monotonic()
-            return self._tools
-
-    def invalidate(self) -> None:
-        with self._lock:
-            self._loaded_at = float("-inf")
-
-    def breaker(self) -> CircuitBreaker:
-        if self._breaker is None:
-            self._breaker = breaker_default()
-        return self._breaker
-
-    def review_gates(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
-        return {}  # the harness plan decides; no server imposes a review of its own
-
-    def specs(self) -> list[ToolSpec]:
-        return [tool.spec for tool in self._offered().values()]
+        super().__init__(_load, _THREADS, cache_seconds)
 
     def get(self, name: str) -> Tool | None:
         if not name.startswith(PREFIX):
             return None
-        offered = self._offered().get(name)
+        offered = self.offered().get(name)
         return None if offered is None else McpTool(offered, self)
 
 
