@@ -11,13 +11,12 @@ import asyncio
 import logging
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from connectors.a2a_client import AgentAccess, read_card
 from connectors.models import A2AAgent, A2ACall
-from connectors.services import failure_reason, header_values
-from orchestrator.errors import NotFound, full_clean_or_invalid, invalid_fields
+from connectors.services import failure_reason, header_values, row_update
+from orchestrator.errors import NotFound, full_clean_or_invalid
 
 logger = logging.getLogger(__name__)
 EDITABLE = ("card_url", "headers", "timeout_seconds", "effect", "enabled")
@@ -35,24 +34,14 @@ def a2a_agent_create(*, name: str, **fields: Any) -> A2AAgent:
     card."""
     agent = A2AAgent(name=name, **fields)
     full_clean_or_invalid(agent)
-    with transaction.atomic():
-        agent.save()
+    agent.save()
     return a2a_agent_refresh(agent)
 
 
 def a2a_agent_update(*, agent: A2AAgent, **fields: Any) -> A2AAgent:
     """Change the given fields (not the name: the tool name and harness layers carry it) and
     read the card again."""
-    if "name" in fields and fields["name"] != agent.name:
-        raise invalid_fields(
-            [{"pointer": "/name", "detail": "The name cannot change.", "code": "invalid"}]
-        )
-    changed = [field for field in fields if field in EDITABLE]
-    for field in changed:
-        setattr(agent, field, fields[field])
-    full_clean_or_invalid(agent)
-    agent.save(update_fields=[*changed, "updated_at"])
-    return a2a_agent_refresh(agent)
+    return a2a_agent_refresh(row_update(agent, fields, EDITABLE))
 
 
 def a2a_agent_delete(*, agent: A2AAgent) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import models
 from django.utils import timezone
 
 from connectors.mcp_client import RemoteTool, ServerAccess, list_tools
@@ -22,6 +22,7 @@ from orchestrator.errors import NotFound, full_clean_or_invalid, invalid_fields
 from runtime.secrets import SecretNotAllowed, api_key_from_env, current_secret_rule
 
 logger = logging.getLogger(__name__)
+Row = TypeVar("Row", bound=models.Model)
 EDITABLE = ("url", "transport", "headers", "timeout_seconds", "tools_filter", "enabled")
 
 
@@ -37,24 +38,29 @@ def mcp_server_create(*, name: str, **fields: Any) -> McpServer:
     tools."""
     server = McpServer(name=name, **fields)
     full_clean_or_invalid(server)
-    with transaction.atomic():
-        server.save()
+    server.save()
     return mcp_server_refresh(server)
 
 
 def mcp_server_update(*, server: McpServer, **fields: Any) -> McpServer:
     """Change the given fields (not the name: tool names and harness layers carry it) and list
     the tools again."""
-    if "name" in fields and fields["name"] != server.name:
+    return mcp_server_refresh(row_update(server, fields, EDITABLE))
+
+
+def row_update(row: Row, fields: dict[str, Any], editable: tuple[str, ...]) -> Row:
+    """Set ``row``'s ``editable`` fields among ``fields``, validate and save them; a changed
+    ``name`` is refused (tool names and harness layers carry it)."""
+    if "name" in fields and fields["name"] != getattr(row, "name", None):
         raise invalid_fields(
             [{"pointer": "/name", "detail": "The name cannot change.", "code": "invalid"}]
         )
-    changed = [field for field in fields if field in EDITABLE]
+    changed = [field for field in fields if field in editable]
     for field in changed:
-        setattr(server, field, fields[field])
-    full_clean_or_invalid(server)
-    server.save(update_fields=[*changed, "updated_at"])
-    return mcp_server_refresh(server)
+        setattr(row, field, fields[field])
+    full_clean_or_invalid(row)
+    row.save(update_fields=[*changed, "updated_at"])
+    return row
 
 
 def mcp_server_delete(*, server: McpServer) -> None:

@@ -27,7 +27,7 @@ from connectors.mcp_client import CallAnswer, ServerAccess, call_tool
 from connectors.models import McpServer
 from connectors.naming import PREFIX, effect_of
 from connectors.offered import OfferedTools
-from connectors.services import mcp_server_refresh_by_name, server_access
+from connectors.services import failure_reason, mcp_server_refresh_by_name, server_access
 from orchestrator.dbthreads import OffLoopDb
 from runtime.breaker import CircuitBreaker, Verdict
 from runtime.outbound import OutboundRefused
@@ -156,7 +156,7 @@ class McpTool:
             return ToolResult(f"Error: MCP server {offered.server} refused: {exc}", is_error=True)
         except Exception as exc:  # transport, protocol, timeout: the server failed this call
             await breaker_failed(breaker, admission)
-            reason = "timed out" if isinstance(exc, TimeoutError) else _reason(exc)
+            reason = failure_reason(exc)
             logger.warning("MCP %s: %s failed: %s", offered.server, offered.remote_name, reason)
             return ToolResult(
                 f"Error: MCP server {offered.server} failed on {offered.remote_name}: {reason}",
@@ -172,14 +172,6 @@ async def breaker_failed(breaker: CircuitBreaker, admission: Any) -> None:
         await breaker.record_failure(admission, cooldown=BREAKER_COOLDOWN_SECONDS)
     else:
         await breaker.count_failure(admission, cooldown=BREAKER_COOLDOWN_SECONDS)
-
-
-def _reason(exc: BaseException) -> str:
-    """The innermost useful message of ``exc`` (task groups wrap transport errors)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]
 
 
 def refresh_soon(server: str) -> None:
