@@ -35,6 +35,7 @@ from google.protobuf import json_format, struct_pb2
 
 from runtime import outbound, outbound_http
 from runtime.model_pool import ssl_context
+from runtime.run_artifacts import ToolFile
 
 #: What a call's answer may hold before it is cut (the loop cuts further for the model).
 MAX_RESULT_CHARS = 100_000
@@ -50,6 +51,8 @@ ENDED = frozenset(
 )
 #: States in which the agent waits for the caller: the follow stops there.
 WAITING = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
+#: Their names (``A2ACall.state``).
+WAITING_STATES = ("input-required", "auth-required")
 #: The names stored in ``A2ACall.state`` and shown to the model.
 STATE_NAMES = {
     TaskState.TASK_STATE_UNSPECIFIED: "unknown",
@@ -89,6 +92,8 @@ class TaskOutcome:
     text: str
     #: The status message's text (the question when input is required, the reason on failure).
     status_text: str
+    #: The file parts of the artifacts, each with a source id unique within the task.
+    files: tuple[tuple[str, ToolFile], ...] = ()
 
 
 def _split_card_url(card_url: str) -> tuple[str, str]:
@@ -187,16 +192,37 @@ class TaskFollower:
         self.on_task = on_task
         self._task = Task()
         self._seen: tuple[str, int] = ("", -1)
+        #: The status that asked the question being answered: waiting on it is not the answer.
+        self._asked: tuple[int, str, str] | None = None
+
+    def _settled(self) -> bool:
+        """The task ended, or waits for input on a question other than the one answered."""
+        state = self._task.status.state
+        return state in ENDED or (state in WAITING and _status_key(self._task) != self._asked)
 
     async def send(self, message: Message) -> TaskOutcome:
         async with _client(self.access, self.card) as client:
-            async for event in client.send_message(SendMessageRequest(message=message)):
-                if event.HasField("message"):
-                    return _direct_answer(event.message, message)
-                await self._absorb(event)
-                if self._task.status.state in ENDED | WAITING:
-                    break
-            return await self._poll(client)
+            return await self._send(client, message)
+
+    async def _send(self, client: Client, message: Message) -> TaskOutcome:
+        async for event in client.send_message(SendMessageRequest(message=message)):
+            if event.HasField("message"):
+                return _direct_answer(event.message, message)
+            await self._absorb(event)
+            if self._settled():
+                break
+        return await self._poll(client)
+
+    async def answer(self, message: Message) -> TaskOutcome:
+        """Send a person's answer to the task ``message`` names, which waits for input, and
+        follow it on; a task that no longer waits is followed without sending anything."""
+        self._task.id = message.task_id
+        async with _client(self.access, self.card) as client:
+            await self._get(client)
+            if self._task.status.state not in WAITING:
+                return await self._poll(client)
+            self._asked = _status_key(self._task)
+            return await self._send(client, message)
 
     async def resume(self, task_id: str, streaming: bool) -> TaskOutcome:
         """Follow ``task_id`` again (after a crash): subscribe when the agent streams, else
@@ -204,10 +230,10 @@ class TaskFollower:
         self._task.id = task_id
         async with _client(self.access, self.card) as client:
             await self._get(client)
-            if streaming and self._task.status.state not in ENDED | WAITING:
+            if streaming and not self._settled():
                 async for event in client.subscribe(SubscribeToTaskRequest(id=task_id)):
                     await self._absorb(event)
-                    if self._task.status.state in ENDED | WAITING:
+                    if self._settled():
                         break
             return await self._poll(client)
 
@@ -219,7 +245,7 @@ class TaskFollower:
     async def _poll(self, client: Client) -> TaskOutcome:
         """``tasks/get`` until the task ends or waits; the caller's timeout bounds it."""
         await self._get(client)
-        while self._task.status.state not in ENDED | WAITING:
+        while not self._settled():
             await asyncio.sleep(POLL_SECONDS)
             await self._get(client)
         return self._outcome()
@@ -255,6 +281,7 @@ class TaskFollower:
             state=_state(task),
             text=_cut("\n".join(t for t in texts if t)),
             status_text=_cut(_parts_text(task.status.message.parts)),
+            files=tuple(_files(task.artifacts)),
         )
 
 
@@ -263,6 +290,13 @@ async def cancel_task(access: AgentAccess, card: Mapping[str, Any], task_id: str
     async with _client(access, card) as client:
         task = await client.cancel_task(CancelTaskRequest(id=task_id))
     return _state(task)
+
+
+def _status_key(task: Task) -> tuple[int, str, str]:
+    """What tells one status of a task from another: state, time and message."""
+    status = task.status
+    stamp = status.timestamp.ToJsonString() if status.HasField("timestamp") else ""
+    return int(status.state), stamp, status.message.message_id
 
 
 def _state(task: Task) -> str:
@@ -306,6 +340,21 @@ def _parts_text(parts: Any) -> str:
         elif kind == "url":
             out.append(f"[file {part.filename or part.url} at {part.url}]")
     return "\n".join(out)
+
+
+def _files(artifacts: Any) -> list[tuple[str, ToolFile]]:
+    """The file parts (bytes or a URL) of ``artifacts``, with ``<artifact id>:<part index>``."""
+    found = []
+    for artifact in artifacts:
+        for index, part in enumerate(artifact.parts):
+            kind = part.WhichOneof("content")
+            name = part.filename or artifact.name or "unnamed"
+            source = f"{artifact.artifact_id}:{index}"
+            if kind == "raw":
+                found.append((source, ToolFile(name, part.media_type, content=bytes(part.raw))))
+            elif kind == "url":
+                found.append((source, ToolFile(name, part.media_type, url=part.url)))
+    return found
 
 
 def _whole_numbers(value: Any) -> Any:

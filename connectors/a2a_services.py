@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 from django.utils import timezone
 
-from connectors.a2a_client import AgentAccess, read_card
+from connectors.a2a_client import WAITING_STATES, AgentAccess, cancel_task, read_card
 from connectors.models import A2AAgent, A2ACall
 from connectors.services import failure_reason, header_values, row_update
 from orchestrator.errors import NotFound, full_clean_or_invalid
+from orchestrator.queue import enqueue
+from runtime.tools.base import call_key
 
 logger = logging.getLogger(__name__)
 EDITABLE = ("card_url", "headers", "timeout_seconds", "effect", "enabled")
@@ -100,3 +103,37 @@ def a2a_call_task(*, call: A2ACall, task_id: str, context_id: str, state: str) -
     A2ACall.objects.filter(pk=call.pk).update(
         task_id=task_id, context_id=context_id, state=state[:20], updated_at=timezone.now()
     )
+
+
+def a2a_call_answering(*, call: A2ACall, key: str) -> None:
+    """Mark the answer of the approval ``key`` as about to be sent to the task (before it is)."""
+    A2ACall.objects.filter(pk=call.pk).update(answered_key=key, updated_at=timezone.now())
+
+
+def a2a_calls_abandoned(run_id: uuid.UUID, keys: list[str]) -> None:
+    """The listener of ``runtime.run_cancellation.calls_abandoned``: hand the cancelling of
+    those calls' remote tasks to a worker (network calls do not belong in the ending request)."""
+    enqueue("connectors.cancel_abandoned_a2a_calls", [call_key(k) for k in keys])
+
+
+def a2a_calls_cancel_waiting(keys: list[str]) -> int:
+    """``tasks/cancel`` for the remote tasks of these calls that still wait for input (their run
+    ended with the question unanswered); how many were cancelled. A failure is logged."""
+    cancelled = 0
+    waiting = A2ACall.objects.filter(idempotency_key__in=keys, state__in=WAITING_STATES)
+    for call in waiting.exclude(task_id="").select_related("agent"):
+        access = agent_access(call.agent)
+        try:
+            if isinstance(access, str):
+                raise ValueError(access)
+            state = asyncio.run(
+                asyncio.wait_for(
+                    cancel_task(access, call.agent.card, call.task_id), access.timeout_seconds
+                )
+            )
+        except Exception as exc:
+            logger.warning("A2A task %s: cancel failed: %s", call.task_id, failure_reason(exc))
+            continue
+        a2a_call_task(call=call, task_id=call.task_id, context_id=call.context_id, state=state)
+        cancelled += 1
+    return cancelled

@@ -8,9 +8,13 @@ without a task id is an unknown outcome and is not re-sent either. Otherwise the
 sent and the remote task id written to the row as soon as the agent reports it.
 
 A completed task gives its artifacts (text, data as JSON, files described) as the result;
-failed, rejected, cancelled, input-required and timed-out tasks are error results the model
-reads. A call cancelled because its run was cancelled cancels the remote task. Failures count on
-the agent's circuit breaker (``a2a-agent:<name>``), shared by every process.
+failed, rejected, cancelled, auth-required and timed-out tasks are error results the model
+reads. A task that asks for input (``input-required``) makes the call ask a person
+(``ToolResult.input_request``: the run parks with the question in the approvals inbox); the
+call then runs again with the answer, which is sent on the same task (once: the row records the
+answering approval's key before it is sent), and follows the task on. A call cancelled because
+its run was cancelled cancels the remote task. Failures count on the agent's circuit breaker
+(``a2a-agent:<name>``), shared by every process.
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ from connectors.a2a_client import (
     cancel_task,
     new_message,
 )
-from connectors.a2a_services import a2a_call_open, a2a_call_sending, a2a_call_task, agent_access
+from connectors.a2a_services import (
+    a2a_call_answering,
+    a2a_call_open,
+    a2a_call_sending,
+    a2a_call_task,
+    agent_access,
+)
 from connectors.models import A2AAgent, A2ACall
 from connectors.offered import OfferedTools
 from connectors.services import failure_reason
@@ -39,6 +49,7 @@ from connectors.tools import BREAKER_COOLDOWN_SECONDS, breaker_failed
 from harness.planner import A2A_PREFIX
 from orchestrator.dbthreads import OffLoopDb
 from runtime.outbound import OutboundRefused
+from runtime.run_artifacts import store_run_artifact
 from runtime.run_cancellation import run_was_canceled
 from runtime.tools.base import Tool, ToolContext, ToolResult
 from runtime.types import Effect, ToolSpec
@@ -154,7 +165,7 @@ class A2ATool:
         checked = _checked(arguments)
         if isinstance(checked, str):
             return ToolResult(f"Error: {checked}", is_error=True)
-        prepared = await _THREADS.run(functools.partial(_prepare, name, context.idempotency_key))
+        prepared = await _THREADS.run(functools.partial(_prepare, name, context.call_key))
         if isinstance(prepared, str):
             return ToolResult(f"Error: {prepared}", is_error=True)
         call = prepared.call
@@ -201,7 +212,11 @@ class A2ATool:
             logger.warning("A2A %s: call failed: %s", name, reason)
             return ToolResult(f"Error: A2A agent {name} failed: {reason}", is_error=True)
         await breaker.record_success(admission, cooldown=BREAKER_COOLDOWN_SECONDS)
-        return _result(name, outcome)
+        result = _result(name, outcome)
+        if outcome.state == "completed" and outcome.files:
+            kept = await _keep_files(outcome, context)
+            result = ToolResult("\n".join([result.content, *kept]))
+        return result
 
 
 class _Follow:
@@ -228,6 +243,17 @@ class _Follow:
     async def run(self, text: str, data: dict[str, Any] | None) -> TaskOutcome:
         prepared = self.prepared
         follower = TaskFollower(prepared.access, prepared.card, self._on_task)
+        key, call = self.context.idempotency_key, prepared.call
+        if self.context.answer and call.task_id and call.answered_key != key:
+            await _THREADS.run(functools.partial(a2a_call_answering, call=call, key=key))
+            answer = new_message(
+                self.context.answer,
+                None,
+                message_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"loopwright:{key}:answer")),
+                task_id=call.task_id,
+                context_id=call.context_id,
+            )
+            return await follower.answer(answer)
         if prepared.call.task_id:
             streaming = bool((prepared.card.get("capabilities") or {}).get("streaming"))
             return await follower.resume(prepared.call.task_id, streaming)
@@ -270,15 +296,40 @@ class _Follow:
             await self.cancel_remote()
 
 
+async def _keep_files(outcome: TaskOutcome, context: ToolContext) -> list[str]:
+    """Store the task's files as artifacts of the calling run; a line for each, to append."""
+    lines = []
+    for source, file in outcome.files:
+        stored = None
+        if context.invocation is not None:
+            stored = await _THREADS.run(
+                functools.partial(
+                    store_run_artifact,
+                    context.invocation.run_id,
+                    f"{context.call_key}:{outcome.task_id}:{source}",
+                    file,
+                )
+            )
+        where = f"kept as run artifact {stored}" if stored else "not kept (no run, or too large)"
+        lines.append(f"[file {file.name}: {where}]")
+    return lines
+
+
 def _result(name: str, outcome: TaskOutcome) -> ToolResult:
     if outcome.state == "completed":
         return ToolResult(outcome.text or outcome.status_text or "(no content)")
     said = f": {outcome.status_text}" if outcome.status_text else ""
-    if outcome.state in ("input-required", "auth-required"):
+    if outcome.state == "input-required":
+        question = outcome.status_text or "(the agent gave no question)"
         return ToolResult(
-            f"Error: A2A agent {name} needs more input to go on with task {outcome.task_id} "
-            f"({outcome.state}){said}. Answering it is not supported yet; the task was left "
-            "waiting. Call the agent again with a message that includes what it asked for.",
+            f"A2A agent {name} asks for input on task {outcome.task_id}: {question}",
+            input_request=f"A2A agent {name} asks: {question}",
+        )
+    if outcome.state == "auth-required":
+        return ToolResult(
+            f"Error: A2A agent {name} needs credentials to go on with task {outcome.task_id} "
+            f"(auth-required){said}; the task was left waiting. Its registration's headers "
+            "must carry them.",
             is_error=True,
         )
     return ToolResult(

@@ -155,7 +155,8 @@ class A2ACall(models.Model):
     """One ``a2a__<agent>`` tool call: the remote task it started, so a re-issued call follows
     that task instead of sending its message again."""
 
-    #: The call's ``ToolContext.idempotency_key`` (``<run>:<step>:<call>``).
+    #: The call's ``ToolContext.call_key`` (``<run>:<step>:<call>``), the same across its
+    #: approvals and answers.
     idempotency_key = models.CharField(max_length=200, unique=True)
     agent = models.ForeignKey(A2AAgent, on_delete=models.CASCADE, related_name="calls")
     #: Set just before the message is sent: a re-issue that finds it without a task id does
@@ -165,6 +166,9 @@ class A2ACall(models.Model):
     context_id = models.CharField(max_length=200, blank=True, default="")
     #: ``new`` before sending, then the remote task's state (``working``, ``completed``, ...).
     state = models.CharField(max_length=20, default="new")
+    #: The idempotency key of the approval whose answer was last sent to the task (written
+    #: just before it is sent): a re-issue after a crash never sends that answer again.
+    answered_key = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

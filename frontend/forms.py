@@ -302,9 +302,20 @@ class CompileForm(forms.Form):
 class DecideForm(forms.Form):
     """One decision on a gated call. ``input`` holds the arguments as the approver left them:
     unchanged means "approve as proposed"; changed means "approve these instead" (the service
-    validates them against the tool's schema and the run's policy). A rejection ignores it."""
+    validates them against the tool's schema and the run's policy). A rejection ignores it.
+    A question a call asked (kind ``input``) is answered with ``answer`` instead."""
 
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    decision = forms.ChoiceField(
+        choices=[("approve", "Approve"), ("reject", "Reject"), ("answer", "Answer")]
+    )
+    answer = forms.CharField(
+        label="Your answer",
+        max_length=10_000,
+        required=False,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="Sent to the agent that asked, on the same task; the call then goes on.",
+    )
     input = forms.CharField(
         label="Arguments (JSON)",
         required=False,
@@ -327,6 +338,8 @@ class DecideForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         cleaned["edited"] = None
+        if cleaned.get("decision") == "answer" and not cleaned.get("answer"):
+            self.add_error("answer", "Write the answer to send, or reject the question.")
         if cleaned.get("decision") != "approve" or not cleaned.get("input"):
             return cleaned
         try:

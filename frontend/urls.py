@@ -6,7 +6,17 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from frontend import streams
-from frontend.views import agents, approvals, connectors, metrics, patterns, policies, runs, skills
+from frontend.views import (
+    a2a_agents,
+    agents,
+    approvals,
+    connectors,
+    metrics,
+    patterns,
+    policies,
+    runs,
+    skills,
+)
 
 app_name = "ui"
 _ACTIONS = "pause|resume|cancel|escalate|accept"
@@ -69,6 +79,13 @@ urlpatterns = [
     ),
     path("endpoints/<slug:name>", agents.endpoint_detail, name="endpoint"),
     # Skills
+    path("a2a-agents", a2a_agents.a2a_agent_list, name="a2a-agents"),
+    path("a2a-agents/<slug:name>", a2a_agents.a2a_agent_detail, name="a2a-agent"),
+    path(
+        "a2a-agents/<slug:name>/refresh",
+        a2a_agents.a2a_agent_refresh_view,
+        name="a2a-agent-refresh",
+    ),
     path("connectors", connectors.connector_list, name="connectors"),
     path("connectors/<slug:name>", connectors.connector_detail, name="connector"),
     path("connectors/<slug:name>/refresh", connectors.connector_refresh, name="connector-refresh"),

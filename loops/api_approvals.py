@@ -51,8 +51,11 @@ class ApprovalViewSet(
         responses={200: ApprovalSerializer},
         description=(
             "Approve (optionally with edited `input`, validated against the tool's schema and "
-            "re-checked against the run's policy) or reject with a `reason`. A second decision "
-            "is 409; a user who may not decide gets 403."
+            "re-checked against the run's policy) or reject with a `reason`. An approval of "
+            "`kind` `input` is a question a running call asked (a remote A2A agent's "
+            "`input-required`): `answer` it (the call goes on with the answer, on the same "
+            "remote task) or reject it. A second decision is 409; a user who may not decide "
+            "gets 403."
         ),
     )
     @action(detail=True, methods=["post"])
@@ -67,5 +70,6 @@ class ApprovalViewSet(
             decision=body.validated_data["decision"],
             input=body.validated_data["input"],
             reason=body.validated_data["reason"],
+            answer=body.validated_data["answer"],
         )
         return Response(ApprovalSerializer(decided).data)

@@ -9,8 +9,10 @@ class LoopsConfig(AppConfig):
 
     def ready(self) -> None:
         from harness.checks import publish_check_register
+        from loops.services.artifacts import artifact_store_tool_file
         from loops.services.patterns import profile_publish_check
         from loops.services.runs import run_is_canceled
+        from runtime.run_artifacts import run_artifact_store_register
         from runtime.run_cancellation import run_canceled_probe_register
 
         # A profile publish that would make a pattern following its tag break the registration
@@ -19,3 +21,5 @@ class LoopsConfig(AppConfig):
         # A tool whose call is cancelled asks whether the run was cancelled (then it stops its
         # remote work) or only paused or moved to another worker (then the call resumes).
         run_canceled_probe_register(run_is_canceled)
+        # Files a tool brings back (a remote agent's file parts) are kept as run artifacts.
+        run_artifact_store_register(artifact_store_tool_file)

@@ -377,8 +377,17 @@ class ApprovalStatus(models.TextChoices):
     WITHDRAWN = "withdrawn"
 
 
+class ApprovalKind(models.TextChoices):
+    #: A tool call the policy gates: approve (maybe with edited arguments) or reject.
+    CALL = "call"
+    #: A running call asked a question (a remote agent's ``input-required``): answer or reject.
+    INPUT = "input"
+
+
 class ActionApproval(models.Model):
-    """A gated tool call waiting for (or having had) a human decision.
+    """A gated tool call waiting for (or having had) a human decision, or a question a running
+    call asked (``kind`` ``input``; ``reason`` is the question, ``answer`` what a person said).
+    A step has at most one pending approval; a call that asks again gets a new one.
 
     ``proposal_hash`` binds the decision to exactly this call: tool name, canonical arguments,
     run, step and harness version. ``executed_hash`` is written when the approved call runs, so
@@ -392,8 +401,10 @@ class ActionApproval(models.Model):
     invocation = models.CharField(max_length=100)
     employee_username = models.CharField(max_length=150, blank=True, default="")
     tool_name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=10, choices=ApprovalKind.choices, default=ApprovalKind.CALL)
     arguments = models.JSONField(default=dict)
     reason = models.TextField(blank=True, default="")
+    answer = models.TextField(blank=True, default="")
     proposal_hash = models.CharField(max_length=64)
     policy_version = models.CharField(max_length=200, blank=True, default="")
     status = models.CharField(
@@ -412,7 +423,15 @@ class ActionApproval(models.Model):
     class Meta:
         ordering = ["created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "step_seq"], name="loops_approval_run_step"),
+            models.UniqueConstraint(
+                fields=["run", "step_seq"],
+                name="loops_approval_run_step_pending",
+                condition=Q(status="pending"),
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=[k.value for k in ApprovalKind]),
+                name="loops_approval_kind_valid",
+            ),
             models.CheckConstraint(
                 condition=Q(status__in=[s.value for s in ApprovalStatus]),
                 name="loops_approval_status_valid",

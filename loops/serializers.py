@@ -249,7 +249,8 @@ class ApprovalSerializer(StrictModelSerializer[ActionApproval]):
         model = ActionApproval
         fields = [
             "id", "run", "pattern", "goal", "step_seq", "role", "invocation", "employee_username",
-            "tool_name", "arguments", "reason", "status", "policy_version", "proposal_hash",
+            "tool_name", "kind", "arguments", "reason", "answer", "status", "policy_version",
+            "proposal_hash",
             "decided_input", "decided_by", "decided_at", "decision_reason", "approved_hash",
             "executed_hash", "executed_at", "expires_at", "created_at",
         ]  # fmt: skip
@@ -257,8 +258,19 @@ class ApprovalSerializer(StrictModelSerializer[ActionApproval]):
 
 
 class DecideSerializer(StrictSerializer):
-    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    decision = serializers.ChoiceField(
+        choices=["approve", "reject", "answer"],
+        help_text="`approve` or `reject` a gated call; `answer` or `reject` a question "
+        "(`kind` `input`).",
+    )
     input = serializers.JSONField(
         required=False, allow_null=True, default=None, help_text="Edited tool arguments."
+    )
+    answer = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=10_000,
+        help_text="The answer to a question a call asked (with decision `answer`).",
     )
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)

@@ -23,7 +23,11 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     task_default_queue="loops",
-    task_routes={"loops.*": {"queue": "loops"}, "skillhub.*": {"queue": "skills"}},
+    task_routes={
+        "loops.*": {"queue": "loops"},
+        "connectors.*": {"queue": "loops"},
+        "skillhub.*": {"queue": "skills"},
+    },
     beat_schedule={
         "loops.reap": {
             "task": "loops.reap",

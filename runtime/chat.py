@@ -34,6 +34,7 @@ from runtime.invocation import (
     RunHalted,
     StepRecord,
     ToolCallRefused,
+    ask_refusal,
 )
 from runtime.loop import ToolLoopInvoker
 from runtime.model_failures import ModelTemporarilyUnavailable
@@ -237,6 +238,9 @@ class _ChatJournal:
         await self._started(seq, name, request)
         await self._finished(seq, "refused")
         raise ToolCallRefused(gate_refusal(name, reason), seq=seq)
+
+    async def ask(self, seq: int, *, question: str) -> None:
+        raise ToolCallRefused(ask_refusal(question), seq=seq)
 
     async def event(self, type: str, data: dict[str, Any]) -> None:
         await self.emit(ChatEvent("agent", data=agent_data({"type": type, **data})))

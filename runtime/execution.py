@@ -50,6 +50,8 @@ class CallResult:
     error: str = ""
     files_written: tuple[str, ...] = ()
     original_length: int | None = None
+    #: The question of a call that needs a person's answer (``ToolResult.input_request``).
+    input_request: str = ""
 
     def response(self) -> dict[str, Any]:
         response: dict[str, Any] = {"content": self.content}
@@ -64,8 +66,16 @@ class CallResult:
 class Settlement:
     #: call index → the tool message content the model gets.
     results: dict[int, str]
-    #: Calls waiting for a human: ``{"seq", "tool", "arguments", "reason"}``.
+    #: Calls waiting for a human: ``{"seq", "tool", "arguments", "reason"}``, with ``"kind":
+    #: "input"`` for a call that asked a question (``reason`` is the question).
     gated: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A call that ran and now waits for a person's answer: its entry of ``Settlement.gated``."""
+
+    gated: dict[str, Any]
 
 
 def _failure(message: str, max_chars: int) -> CallResult:
@@ -82,6 +92,7 @@ def _shaped(result: ToolResult | str, max_chars: int) -> CallResult:
         error=result.content[:1000] if result.is_error else "",
         files_written=result.files_written,
         original_length=cut.original_length if cut.truncated else None,
+        input_request=result.input_request[:2000],
     )
 
 
@@ -180,8 +191,8 @@ class StepExecutor:
         """
         results: dict[int, str] = {}
         gated: list[dict[str, Any]] = []
-        runs: list[Callable[[], Awaitable[tuple[int, str]]]] = []
-        approved: list[Callable[[], Awaitable[tuple[int, str]]]] = []
+        runs: list[Callable[[], Awaitable[tuple[int, str | Asked]]]] = []
+        approved: list[Callable[[], Awaitable[tuple[int, str | Asked]]]] = []
         for planned in plan.calls:
             record = log.result(entry.seq, planned.index)
             if record is not None and record.status in FINISHED:
@@ -204,7 +215,10 @@ class StepExecutor:
             runs.extend(approved)
         if runs:  # a replayed step has none: it costs no tasks
             for index, content in await run_bounded(runs, self.limits.concurrency):
-                results[index] = content
+                if isinstance(content, Asked):
+                    gated.append(content.gated)
+                else:
+                    results[index] = content
         return Settlement(results, gated)
 
     def _request(self, entry: ModelEntry, planned: PlannedCall, arguments: Any) -> dict[str, Any]:
@@ -251,7 +265,7 @@ class StepExecutor:
         )
         return {"seq": seq, "tool": planned.tool, "arguments": planned.arguments, "reason": reason}
 
-    async def _start(self, entry: ModelEntry, planned: PlannedCall) -> tuple[int, str]:
+    async def _start(self, entry: ModelEntry, planned: PlannedCall) -> tuple[int, str | Asked]:
         tool = self.toolset.registry.get(planned.tool)
         if (
             tool is not None
@@ -282,7 +296,7 @@ class StepExecutor:
 
     async def _run_read(
         self, entry: ModelEntry, planned: PlannedCall, tool: Tool
-    ) -> tuple[int, str]:
+    ) -> tuple[int, str | Asked]:
         """A read-effect call runs first and is persisted once, finished, with its result: it
         changes nothing, so it needs no durable start (after a crash it simply runs again),
         and the model step that made it is written in the same transaction."""
@@ -299,6 +313,17 @@ class StepExecutor:
             invocation=self.invocation,
         )
         result = await execute_tool(tool, arguments, context, self.limits)
+        if result.input_request:  # not finished after all: it needs a durable step to wait on
+            try:
+                seq = await self.journal.begin(
+                    kind="tool",
+                    name=planned.tool,
+                    request=self._request(entry, planned, arguments),
+                    idempotency_key=key,
+                )
+            except ToolCallRefused as refused:
+                return planned.index, refused.content
+            return await self._asked(seq, planned, planned.tool, arguments, result)
         shown = _with_notices(result, [planned.warning])
         try:
             recorded = await self.journal.record_call(
@@ -320,7 +345,7 @@ class StepExecutor:
         self.files_written.update(result.files_written)
         return planned.index, shown.content
 
-    async def _resume(self, planned: PlannedCall, record: StepRecord) -> tuple[int, str]:
+    async def _resume(self, planned: PlannedCall, record: StepRecord) -> tuple[int, str | Asked]:
         """Re-issue a started call, or run an approved one, completing its existing step."""
         # An approver may have edited the arguments: whatever runs must still fit the schema.
         checked = self._recheck(record.name, record.request.get("arguments"))
@@ -335,8 +360,15 @@ class StepExecutor:
                 failure = _failure(refusal, self.limits.max_output_chars)
                 return await self._complete(record.seq, planned, failure)
         reissued = record.status == STARTED
+        answer = record.request.get("answer") if record.status == APPROVED else None
         return await self._run(
-            record.seq, planned, record.name, checked, record.idempotency_key, reissued
+            record.seq,
+            planned,
+            record.name,
+            checked,
+            record.idempotency_key,
+            reissued,
+            answer=answer if isinstance(answer, str) else "",
         )
 
     def _recheck(self, name: str, arguments: Any) -> dict[str, Any] | Invalid:
@@ -354,7 +386,8 @@ class StepExecutor:
         arguments: dict[str, Any],
         key: str,
         reissued: bool,
-    ) -> tuple[int, str]:
+        answer: str = "",
+    ) -> tuple[int, str | Asked]:
         tool = self.toolset.registry.get(name)
         if tool is None:
             failure = _failure(
@@ -369,9 +402,31 @@ class StepExecutor:
             reissued=reissued,
             files_written=self.files_written,
             invocation=self.invocation,
+            answer=answer,
         )
         result = await execute_tool(tool, arguments, context, self.limits)
+        if result.input_request:
+            return await self._asked(seq, planned, name, arguments, result)
         return await self._complete(seq, planned, result)
+
+    async def _asked(
+        self, seq: int, planned: PlannedCall, name: str, arguments: Any, result: CallResult
+    ) -> tuple[int, str | Asked]:
+        """The call of step ``seq`` needs a person's answer: its step waits for one, or, where
+        nobody can be asked, completes with why."""
+        try:
+            await self.journal.ask(seq, question=result.input_request)
+        except ToolCallRefused as refused:
+            return await self._complete(seq, planned, CallResult(refused.content, refused.content))
+        return planned.index, Asked(
+            {
+                "seq": seq,
+                "tool": name,
+                "arguments": arguments,
+                "reason": result.input_request,
+                "kind": "input",
+            }
+        )
 
     async def _complete(
         self, seq: int, planned: PlannedCall, result: CallResult
@@ -396,9 +451,12 @@ def _with_notices(result: CallResult, notices: list[str]) -> CallResult:
 
 
 def _gated(record: StepRecord, planned: PlannedCall) -> dict[str, Any]:
-    return {
+    gated = {
         "seq": record.seq,
         "tool": record.name,
         "arguments": record.request.get("arguments"),
         "reason": record.request.get("gate_reason") or planned.message,
     }
+    if record.request.get("input_request"):
+        gated["kind"] = "input"
+    return gated

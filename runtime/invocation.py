@@ -124,6 +124,14 @@ class ToolLoopEscalated(RunHalted):
     outcome = OutcomeKind.ESCALATE
 
 
+def ask_refusal(question: str) -> str:
+    """What the model reads for a call that needs a person's answer where none can be asked."""
+    return (
+        f"Error: the call needs an answer from a person ({question}); nobody can be asked "
+        "here, so it was left unanswered. Ask the user, then call again with what they said."
+    )
+
+
 class ToolCallRefused(Exception):
     """The journal refused to start a tool call (the run's tool-loop policy blocks it).
 
@@ -232,6 +240,16 @@ class StepJournal(Protocol):
         decides, the step becomes ``approved`` (``request`` holds the approved arguments) or
         ``completed`` with the rejection as its response, and the invocation is resumed.
         """
+        ...
+
+    async def ask(self, seq: int, *, question: str) -> None:
+        """The tool call of step ``seq`` (``started`` or ``approved``) needs a person's answer
+        (``ToolResult.input_request``): the step becomes ``gated`` with ``question`` and waits like
+        a gated call. When the question is answered the step is ``approved`` again and its
+        ``request["answer"]`` holds the answer; a refusal completes it.
+
+        Raises :class:`ToolCallRefused` where no person can be asked (its content is the
+        result the model reads; the step is then completed with it)."""
         ...
 
     async def event(self, type: str, data: dict[str, Any]) -> None:

@@ -148,6 +148,9 @@ class ScrubbingJournal:
             started_at=started_at,
         )
 
+    async def ask(self, seq: int, *, question: str) -> None:
+        await self.inner.ask(seq, question=self._s(question))
+
     async def gate(
         self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
     ) -> int:

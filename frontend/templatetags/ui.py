@@ -249,6 +249,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "approvals": ("/approvals",),
         "skills": ("/skills",),
         "connectors": ("/connectors",),
+        "a2a-agents": ("/a2a-agents",),
         "metrics": ("/metrics",),
     }
     current = path == "/" if section == "monitor" else False

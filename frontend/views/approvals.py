@@ -106,6 +106,7 @@ def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse
             decision=form.cleaned_data["decision"],
             input=form.cleaned_data["edited"],
             reason=form.cleaned_data["reason"],
+            answer=form.cleaned_data["answer"] or None,
         )
     except InvalidInput as exc:
         add_service_errors(form, exc.extra.get("errors") or [], fallback="input")

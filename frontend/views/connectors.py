@@ -22,6 +22,19 @@ from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError, InvalidInput
 
 
+def header_lines(text: str) -> dict[str, str]:
+    """``Header-Name: VARIABLE`` lines → a header map; a malformed line names its number."""
+    headers: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, sep, variable = line.partition(":")
+        if not sep or not name.strip() or not variable.strip():
+            raise forms.ValidationError(f"Line {number}: write Header-Name: VARIABLE.")
+        headers[name.strip()] = variable.strip()
+    return headers
+
+
 class McpServerForm(forms.Form):
     """A server to register: where it is, how to reach it, which tools to offer."""
 
@@ -49,15 +62,7 @@ class McpServerForm(forms.Form):
     )
 
     def clean_headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        for number, line in enumerate(self.cleaned_data["headers"].splitlines(), start=1):
-            if not line.strip():
-                continue
-            name, sep, variable = line.partition(":")
-            if not sep or not name.strip() or not variable.strip():
-                raise forms.ValidationError(f"Line {number}: write Header-Name: VARIABLE.")
-            headers[name.strip()] = variable.strip()
-        return headers
+        return header_lines(self.cleaned_data["headers"])
 
     def clean_tools_filter(self) -> list[str]:
         return [n.strip() for n in self.cleaned_data["tools_filter"].split(",") if n.strip()]

@@ -7,10 +7,16 @@ arguments and an idempotency key naming the approval, or ``completed`` with the 
 the tool's result — and re-queues the run when nothing is pending any more. The reaper expires
 approvals past their deadline: the model is told the request *timed out*, never that a human
 denied it.
+
+A question a running call asked (kind ``input``: a remote agent's ``input-required``) is
+decided the same way with ``answer``: the step becomes ``approved`` with the answer in its
+request and the call runs again, taking up where it stopped; a rejection completes it. A call
+may ask again: each question is a new approval of the same step (one pending at a time).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
@@ -24,6 +30,7 @@ from jsonschema import Draft202012Validator
 from harness.planner import plan_tools
 from loops.models import (
     ActionApproval,
+    ApprovalKind,
     ApprovalStatus,
     LoopRun,
     LoopStep,
@@ -34,7 +41,12 @@ from loops.services.notifications import notify_approvals
 from loops.services.transitions import Lease, fenced_touch, run_event_append, run_transition
 from orchestrator.accounts.roles import Role, has_role
 from orchestrator.errors import Conflict, DomainError, InvalidInput
+from runtime.run_cancellation import calls_abandoned
+from runtime.tools.base import APPROVAL_KEY_MARK, call_key
 from runtime.tools.specs import tool_spec
+
+#: The longest answer a person may give to a call's question.
+MAX_ANSWER_CHARS = 10_000
 
 
 class NotAnApprover(DomainError):
@@ -72,7 +84,9 @@ def approvals_open(
     opened = []
     for call in gated:
         seq = int(call["seq"])
-        if ActionApproval.objects.filter(run=run, step_seq=seq).exists():
+        if ActionApproval.objects.filter(
+            run=run, step_seq=seq, status=ApprovalStatus.PENDING
+        ).exists():
             continue  # a resumed step that is still waiting: its approval is already open
         arguments = call.get("arguments") or {}
         opened.append(
@@ -83,6 +97,7 @@ def approvals_open(
                 invocation=invocation,
                 employee_username=employee,
                 tool_name=call["tool"],
+                kind=ApprovalKind.INPUT if call.get("kind") == "input" else ApprovalKind.CALL,
                 arguments=arguments,
                 reason=call.get("reason", ""),
                 proposal_hash=canonical_hash(
@@ -138,6 +153,30 @@ def _checked_input(approval: ActionApproval, run: LoopRun, edited: Any) -> dict[
     return arguments
 
 
+def _latest(run_id: uuid.UUID, seq: int) -> Any:
+    """The approvals of step ``seq``, newest first (a call that asked again has several)."""
+    return ActionApproval.objects.filter(run_id=run_id, step_seq=seq).order_by("-created_at")
+
+
+def _checked_answer(approval: ActionApproval, answer: Any) -> str:
+    if approval.kind != ApprovalKind.INPUT:
+        raise InvalidInput(
+            "answer is only for a question a call asked; approve or reject this call.",
+            errors=[{"pointer": "/answer", "detail": "not a question", "code": "invalid"}],
+        )
+    if not isinstance(answer, str) or not answer.strip():
+        raise InvalidInput(
+            "answer must be the non-empty text that answers the question.",
+            errors=[{"pointer": "/answer", "detail": "required", "code": "required"}],
+        )
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise InvalidInput(
+            f"answer is longer than {MAX_ANSWER_CHARS} characters.",
+            errors=[{"pointer": "/answer", "detail": "too long", "code": "max_length"}],
+        )
+    return answer
+
+
 def _rewrite_step(
     approval: ActionApproval, *, arguments: dict[str, Any] | None, content: str
 ) -> None:
@@ -147,7 +186,10 @@ def _rewrite_step(
     if arguments is not None:
         step.status = StepStatus.APPROVED
         step.request = {**step.request, "arguments": arguments, "approval_id": str(approval.id)}
-        step.idempotency_key = f"{step.idempotency_key}:approval:{approval.id}"
+        if approval.kind == ApprovalKind.INPUT:
+            step.request["answer"] = approval.answer
+        # The call's own key with this approval: the latest decision binds what runs.
+        step.idempotency_key = f"{call_key(step.idempotency_key)}{APPROVAL_KEY_MARK}{approval.id}"
         step.save(update_fields=["status", "request", "idempotency_key"])
         return
     step.status = StepStatus.COMPLETED
@@ -186,9 +228,15 @@ def approval_check_decider(*, approval_id: uuid.UUID, user: Any) -> None:
 
 @transaction.atomic
 def approval_decide(
-    *, approval_id: uuid.UUID, user: Any, decision: str, input: Any = None, reason: str = ""
+    *,
+    approval_id: uuid.UUID,
+    user: Any,
+    decision: str,
+    input: Any = None,
+    reason: str = "",
+    answer: Any = None,
 ) -> ActionApproval:
-    """Approve (optionally with edited input) or reject, exactly once."""
+    """Approve (optionally with edited input), answer (a call's question) or reject, once."""
     approval, run = _lock(approval_id)
     if not _may_decide(user, run):
         raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
@@ -202,7 +250,20 @@ def approval_decide(
         )
     actor = user.username
     final: dict[str, Any] | None = None
-    if decision == "approve":
+    if approval.kind == ApprovalKind.INPUT and decision == "approve":
+        raise InvalidInput(
+            "This is a question the call asked: answer it (decision 'answer' with an answer) "
+            "or reject it.",
+            errors=[{"pointer": "/decision", "detail": "answer or reject", "code": "invalid"}],
+        )
+    if decision == "answer":
+        approval.answer = _checked_answer(approval, answer)
+        final = _checked_input(approval, run, None)
+        approval.status = ApprovalStatus.APPROVED
+        approval.approved_hash = canonical_hash(
+            approval.tool_name, final, str(run.id), approval.step_seq, approval.policy_version
+        )
+    elif decision == "approve":
         final = _checked_input(approval, run, input)
         approval.status = ApprovalStatus.APPROVED
         approval.decided_input = input if input is not None else None
@@ -220,6 +281,12 @@ def approval_decide(
     rejected = (
         f"Rejected by {actor}" + (f": {reason}" if reason else "") + ". The call was not executed."
     )
+    if approval.kind == ApprovalKind.INPUT:
+        rejected = (
+            f"{actor} declined to answer the question ({approval.reason})"
+            + (f": {reason}" if reason else "")
+            + ". The call stopped there, unanswered."
+        )
     _rewrite_step(approval, arguments=final, content=rejected)
     run_event_append(
         run_id=run.id,
@@ -230,6 +297,7 @@ def approval_decide(
             "tool": approval.tool_name,
             "edited": input is not None,
             "reason": reason,
+            "kind": approval.kind,
         },
     )
     _resume_if_settled(run, actor)
@@ -249,9 +317,7 @@ def approval_authorize_execution(
     Idempotent for a re-issue of the same call after a crash (same hash, same key).
     """
     fenced_touch(lease)
-    approval = (
-        ActionApproval.objects.select_for_update().filter(run_id=lease.run_id, step_seq=seq).first()
-    )
+    approval = _latest(lease.run_id, seq).select_for_update().first()
     refusal = _execution_refusal(lease.run_id, seq, approval, name, arguments)
     if approval is None or refusal:
         run_event_append(
@@ -288,7 +354,7 @@ def _execution_refusal(
     run = LoopRun.objects.only("harness_snapshots").get(pk=run_id)
     snapshot = _role_snapshot(run, approval.role, approval.employee_username)
     if step.status != StepStatus.APPROVED or not step.idempotency_key.endswith(
-        f":approval:{approval.id}"
+        f"{APPROVAL_KEY_MARK}{approval.id}"
     ):
         return f"the step is '{step.status}' and not bound to approval {approval.id}."
     if name != approval.tool_name:
@@ -306,7 +372,7 @@ def approval_record_execution(*, run_id: uuid.UUID, step_seq: int, arguments: An
 
     The hash of what ran was recorded when the call was authorized; ``arguments`` (the step's
     at completion) must still match it, or nothing is stamped."""
-    approval = ActionApproval.objects.filter(run_id=run_id, step_seq=step_seq).first()
+    approval = _latest(run_id, step_seq).first()
     if approval is None or not approval.executed_hash:
         return  # not approved, or refused before it ran
     digest = canonical_hash(
@@ -344,7 +410,22 @@ def approvals_withdraw(*, run_id: uuid.UUID, actor: str, status: str) -> int:
             )
         except Conflict:
             continue  # the step is no longer gated: nothing to rewrite
+    _abandon_questions(run_id, pending)
     return len(pending)
+
+
+def _abandon_questions(run_id: uuid.UUID, approvals: list[ActionApproval]) -> None:
+    """Questions that will not be answered now: once committed, tell the tools that asked them
+    (``runtime.run_cancellation.calls_abandoned``), so a remote task stops waiting."""
+    seqs = [a.step_seq for a in approvals if a.kind == ApprovalKind.INPUT]
+    if not seqs:
+        return
+    keys = list(
+        LoopStep.objects.filter(run_id=run_id, seq__in=seqs).values_list(
+            "idempotency_key", flat=True
+        )
+    )
+    transaction.on_commit(functools.partial(calls_abandoned, run_id, keys))
 
 
 def approvals_expire(*, limit: int = 200) -> int:
@@ -370,6 +451,7 @@ def _expire_one(approval_id: uuid.UUID) -> None:
         timezone.now(),
     )
     approval.save(update_fields=["status", "decided_by", "decided_at"])
+    _abandon_questions(run.id, [approval])
     _rewrite_step(
         approval,
         arguments=None,

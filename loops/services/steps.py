@@ -248,6 +248,21 @@ def step_complete(
     )
 
 
+@transaction.atomic
+def step_ask(lease: Lease, seq: int, *, question: str) -> None:
+    """A started or approved tool call asked a person a question: its step becomes ``gated``
+    again, its ``request`` carrying the question (``input_request``, ``gate_reason``) and no
+    earlier answer. The engine then parks the run as for any gated call."""
+    fenced_touch(lease)
+    step = LoopStep.objects.select_for_update().get(run_id=lease.run_id, seq=seq)
+    if step.status not in (StepStatus.STARTED, StepStatus.APPROVED):
+        raise ValueError(f"step {seq} is {step.status}: only a running call can ask")
+    request = {k: v for k, v in (step.request or {}).items() if k != "answer"}
+    step.request = {**request, "input_request": question, "gate_reason": question}
+    step.status = StepStatus.GATED
+    step.save(update_fields=["request", "status"])
+
+
 def step_record(
     lease: Lease,
     *,

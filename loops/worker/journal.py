@@ -249,6 +249,11 @@ class DbJournal:
             name, {**request, "gate_reason": reason}, idempotency_key, StepStatus.GATED
         )
 
+    async def ask(self, seq: int, *, question: str) -> None:
+        await self.flush()
+        self._began.pop(seq, None)
+        await self.driver.db(step_services.step_ask, self.lease, seq, question=question)
+
     async def _tool_start(
         self, name: str, request: dict[str, Any], idempotency_key: str, status: StepStatus
     ) -> int:

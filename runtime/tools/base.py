@@ -11,6 +11,14 @@ from typing import Any, Protocol
 
 from runtime.types import ToolSpec
 
+#: What an approval appends to a call's idempotency key (``<key>:approval:<id>``).
+APPROVAL_KEY_MARK = ":approval:"
+
+
+def call_key(idempotency_key: str) -> str:
+    """``idempotency_key`` without the approvals appended to it."""
+    return idempotency_key.split(APPROVAL_KEY_MARK, 1)[0]
+
 
 class ToolError(Exception):
     """An expected failure; its message goes to the model as the tool result, so make it
@@ -24,6 +32,11 @@ class ToolResult:
     #: Workdir-relative paths this call wrote; the loop persists them so ``maxFiles`` holds
     #: across a resume.
     files_written: tuple[str, ...] = ()
+    #: A question only a person can answer (a remote agent's ``input-required``): the call is
+    #: not finished; its step waits in the approvals inbox, and the call runs again with the
+    #: answer in :attr:`ToolContext.answer` (``content`` is what the model reads where no one
+    #: can be asked).
+    input_request: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,15 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: Who makes the call; ``None`` outside a run (a tool that needs a caller refuses then).
     invocation: Invocation | None = None
+    #: A person's answer to the question this call asked (``ToolResult.input_request``), when
+    #: it runs again after that answer; "" otherwise.
+    answer: str = ""
+
+    @property
+    def call_key(self) -> str:
+        """The idempotency key of the call itself, the same across its approvals and answers
+        (each approval extends :attr:`idempotency_key` with ``:approval:<id>``)."""
+        return call_key(self.idempotency_key)
 
     def remaining(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from runtime.invocation import RecordedCall, StepRecord
+from runtime.invocation import RecordedCall, StepRecord, ToolCallRefused, ask_refusal
 
 T = TypeVar("T")
 
@@ -124,6 +124,9 @@ class EphemeralJournal:
         return self._add(
             "tool", "gated", name, idempotency_key, {**request, "gate_reason": reason}, None
         )
+
+    async def ask(self, seq: int, *, question: str) -> None:
+        raise ToolCallRefused(ask_refusal(question), seq=seq)
 
     async def event(self, type: str, data: dict[str, Any]) -> None:
         self.events.append((type, copy.deepcopy(data)))

@@ -191,6 +191,9 @@ class MeteredJournal:
             await self._tool_finished(recorded.seq, "error" if fields.get("error") else "ok")
         return recorded
 
+    async def ask(self, seq: int, *, question: str) -> None:
+        await self.inner.ask(seq, question=question)
+
     async def gate(
         self, *, name: str, request: dict[str, Any], idempotency_key: str, reason: str
     ) -> int:

@@ -2,7 +2,9 @@
 and a real ``a2a-sdk`` agent on loopback: the maker calls ``a2a__helper``; the worker is
 SIGKILLed while the remote task is working; the worker that resumes the run follows the same
 task (the agent received exactly one message) and its answer becomes the call's result; a run
-cancelled while the remote task works cancels that task."""
+cancelled while the remote task works cancels that task; an agent that asks for input parks the
+run with the question in the approvals inbox, and the answer given through the API goes to the
+same remote task."""
 
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ def script(request: RecordedRequest) -> Completion:
     if TOOL not in offered:
         return Completion(content=f"Not offered the agent, only {sorted(offered)}")
     if not results:
-        work = "slow 60" if "[long]" in json.dumps(messages) else "slow 12"
+        said = json.dumps(messages)
+        work = "ask" if "[ask]" in said else "slow 60" if "[long]" in said else "slow 12"
         return Completion(tool_calls=[(TOOL, json.dumps({"message": work}))])
     return Completion(content="Done: " + " | ".join(results))
 
@@ -94,6 +97,52 @@ def pattern(helper_agent: tuple[str, AgentLog], tmp_path: Path) -> Iterator[Any]
 
 def _status(run: Any) -> str:
     return str(LoopRun.objects.get(pk=run.id).status)
+
+
+def test_a_question_of_the_agent_is_answered_through_the_approvals_inbox(
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    helper_agent: tuple[str, AgentLog],
+    pattern: Any,
+    api_client_for: Any,
+) -> None:
+    log = helper_agent[1]
+    first = start_worker(workers, tmp_path, "first", **AGENT)
+    run = run_trigger(pattern=pattern, actor="operator", inputs={"label": "[ask]"})
+    wait_for(
+        lambda: _status(run) in (RunStatus.WAITING_APPROVAL, RunStatus.FAILED),
+        timeout=WAIT, interval=0.2, message=log_tails(workers),
+    )  # fmt: skip
+    first.kill()  # the question outlives the worker that heard it: it is in the database
+    approver = api_client_for("approver")
+    [asked] = approver.get(f"/api/v1/approvals?run={run.id}&status=pending").json()["results"]
+    assert (asked["kind"], asked["tool_name"]) == ("input", TOOL)
+    assert asked["reason"] == "A2A agent helper asks: Which colour?"
+    [call] = A2ACall.objects.all()
+    assert call.state == "input-required" and log.texts() == ["ask"]
+    refused = approver.post(
+        f"/api/v1/approvals/{asked['id']}/decide", {"decision": "approve"}, format="json"
+    )
+    assert refused.status_code == 400 and "answer it" in refused.json()["detail"]
+    answered = approver.post(
+        f"/api/v1/approvals/{asked['id']}/decide",
+        {"decision": "answer", "answer": "blue"},
+        format="json",
+    )
+    assert answered.status_code == 200, answered.content
+    assert (answered.json()["status"], answered.json()["answer"]) == ("approved", "blue")
+    start_worker(workers, tmp_path, "second", **AGENT)
+    wait_for(
+        lambda: _status(run) in (RunStatus.WAITING_HUMAN, RunStatus.SUCCEEDED, RunStatus.FAILED),
+        timeout=WAIT, interval=0.5, message=log_tails(workers),
+    )  # fmt: skip
+    final = LoopRun.objects.get(pk=run.id)
+    assert (final.status, final.terminal_reason) == PASSED, (final.status, final.failure_reason)
+    call.refresh_from_db()
+    assert log.messages == [("ask", call.task_id), ("blue", call.task_id)]  # one task, two turns
+    assert (call.state, log.ended) == ("completed", {call.task_id: "completed"})
+    [step] = LoopStep.objects.filter(run=run, name=TOOL)
+    assert (step.status, step.response["content"]) == ("completed", "you said: blue")
 
 
 def test_a_worker_killed_while_the_remote_task_works_resumes_it_without_resending(
@@ -128,6 +177,32 @@ def test_a_worker_killed_while_the_remote_task_works_resumes_it_without_resendin
     assert step.status == "completed", (step.status, step.error, step.response)
     assert step.response["content"] == "slow done"
     assert A2ACall.objects.get(pk=call.pk).state == "completed"
+
+
+def test_a_run_cancelled_while_the_agent_waits_for_an_answer_cancels_the_remote_task(
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    helper_agent: tuple[str, AgentLog],
+    pattern: Any,
+    api_client_for: Any,
+) -> None:
+    log = helper_agent[1]
+    start_worker(workers, tmp_path, "only", **AGENT)
+    run = run_trigger(pattern=pattern, actor="operator", inputs={"label": "[ask]"})
+    wait_for(
+        lambda: _status(run) in (RunStatus.WAITING_APPROVAL, RunStatus.FAILED),
+        timeout=WAIT, interval=0.2, message=log_tails(workers),
+    )  # fmt: skip
+    [call] = A2ACall.objects.all()
+    assert call.state == "input-required" and log.ended == {}
+    cancelled = api_client_for("operator").post(f"/api/v1/runs/{run.id}/cancel", {}, format="json")
+    assert cancelled.status_code == 200, cancelled.content
+    # No call is running to cancel the task: the ended run hands it to a worker.
+    wait_for(lambda: call.task_id in log.ended, timeout=WAIT, interval=0.2,
+             message=log_tails(workers))  # fmt: skip
+    assert log.ended == {call.task_id: "canceled"} and log.texts() == ["ask"]
+    call.refresh_from_db()
+    assert call.state == "canceled"
 
 
 def test_cancelling_the_run_cancels_the_remote_task(

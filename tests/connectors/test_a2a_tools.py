@@ -1,6 +1,7 @@
 """External A2A agents as agent tools, against a real ``a2a-sdk`` agent on loopback: offered as
 ``a2a__<agent>`` with the admin's trust tier and planned by the harness; a call answers with the
-task's artifacts, streaming or polling; failures, input requests and timeouts are tool errors;
+task's artifacts, streaming or polling; failures and timeouts are tool errors; a task that asks
+for input makes the call ask a person, and the answer goes to the same task, once;
 a re-issued call follows the same remote task without sending again; a cancelled run cancels
 the remote task."""
 
@@ -10,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,35 +22,43 @@ from connectors.a2a_services import a2a_agent_create
 from connectors.a2a_tools import A2A_TOOLS
 from connectors.models import A2ACall
 from harness.planner import connector_of, plan_tools
+from loops.models import LoopArtifact
+from loops.services.runs import run_trigger
 from runtime import run_cancellation
 from runtime.breaker import FAILURE_THRESHOLD
 from runtime.policy import Decision
 from runtime.tools.base import Invocation, ToolContext, ToolResult
 from runtime.types import Effect
 from tests.support.a2a_agent import AgentLog, a2a_agent
+from tests.support.approvals import approval_pattern
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 RUN = uuid.uuid4()
 
 
-def _context(key: str, *, seconds: float = 30) -> ToolContext:
+def _context(key: str, *, seconds: float = 30, answer: str = "") -> ToolContext:
     invocation = Invocation(run_id=RUN, role="maker", name="maker:0", employee="e")
     return ToolContext(
         workdir=None,
         idempotency_key=key,
         deadline=time.monotonic() + seconds,
         invocation=invocation,
+        answer=answer,
     )
 
 
-async def _run(name: str, arguments: dict[str, Any], key: str, seconds: float = 30) -> ToolResult:
+async def _run(
+    name: str, arguments: dict[str, Any], key: str, seconds: float = 30, answer: str = ""
+) -> ToolResult:
     tool = A2A_TOOLS.get(name)
     assert tool is not None, name
-    return await tool.run(arguments, _context(key, seconds=seconds))
+    return await tool.run(arguments, _context(key, seconds=seconds, answer=answer))
 
 
-def _call(name: str, arguments: dict[str, Any], key: str = "run:1:0") -> ToolResult:
-    return asyncio.run(_run(name, arguments, key))
+def _call(
+    name: str, arguments: dict[str, Any], key: str = "run:1:0", answer: str = ""
+) -> ToolResult:
+    return asyncio.run(_run(name, arguments, key, answer=answer))
 
 
 def _task_known(key: str) -> bool:
@@ -112,16 +122,34 @@ def test_answers_and_streams_come_back_as_the_result(
     assert row.state == "completed" and row.task_id in log.ended and row.context_id
 
 
-def test_failures_and_input_requests_are_tool_errors(helper_agent: tuple[str, AgentLog]) -> None:
+def test_failures_are_tool_errors(helper_agent: tuple[str, AgentLog]) -> None:
     a2a_agent_create(name="helper", card_url=helper_agent[0])
     failed = _call("a2a__helper", {"message": "explode"}, "run:1:0")
     assert failed.is_error and "ended failed: cannot do 'explode'" in failed.content
-    asked = _call("a2a__helper", {"message": "ask"}, "run:2:0")
-    assert asked.is_error and "input-required" in asked.content
-    assert "Which colour?" in asked.content
-    assert A2ACall.objects.get(idempotency_key="run:2:0").state == "input-required"
     bad = _call("a2a__helper", {"message": ""}, "run:3:0")
     assert bad.is_error and "message must be" in bad.content
+
+
+@pytest.mark.parametrize("fixture", ["helper_agent", "polled_agent"])
+def test_a_question_is_asked_and_its_answer_goes_to_the_same_task_once(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    url, log = request.getfixturevalue(fixture)
+    a2a_agent_create(name="helper", card_url=url)
+    asked = _call("a2a__helper", {"message": "ask"}, "run:2:0")
+    assert not asked.is_error and asked.input_request == "A2A agent helper asks: Which colour?"
+    row = A2ACall.objects.get(idempotency_key="run:2:0")
+    assert row.state == "input-required" and row.answered_key == ""
+    # The call runs again under its approval's key, with the answer: the same task goes on.
+    answered = _call("a2a__helper", {"message": "ask"}, "run:2:0:approval:a1", answer="blue")
+    assert answered == ToolResult("you said: blue")
+    row.refresh_from_db()
+    assert row.state == "completed" and row.answered_key == "run:2:0:approval:a1"
+    assert log.messages == [("ask", row.task_id), ("blue", row.task_id)]
+    # A re-issue of the answered call (a crash after it was sent) never sends it again.
+    again = _call("a2a__helper", {"message": "ask"}, "run:2:0:approval:a1", answer="blue")
+    assert again == ToolResult("you said: blue")
+    assert len(log.messages) == 2
 
 
 @pytest.mark.parametrize("fixture", ["helper_agent", "polled_agent"])
@@ -194,3 +222,35 @@ def test_headers_are_sent_only_to_the_cards_own_host(
     a2a_agent_create(name="polled", card_url=elsewhere)  # no headers: nothing to leak
     A2A_TOOLS.invalidate()
     assert not _call("a2a__polled", {"message": "answer"}, "run:2:0").is_error
+
+
+@pytest.mark.usefixtures("seeded_profiles")
+def test_files_come_back_as_artifacts_of_the_run(helper_agent: tuple[str, AgentLog]) -> None:
+    a2a_agent_create(name="helper", card_url=helper_agent[0])
+    run = run_trigger(pattern=approval_pattern("a2a-files"), actor="test", inputs={"label": "f"})
+    key = f"{run.id}:4:0"
+    invocation = Invocation(run_id=run.id, role="maker", name="maker:0", employee="e")
+    context = replace(_context(key), invocation=invocation)
+    tool = A2A_TOOLS.get("a2a__helper")
+    assert tool is not None
+    result = asyncio.run(tool.run({"message": "file"}, context))
+    [csv, link] = LoopArtifact.objects.filter(run=run, kind="tool-file").order_by("created_at")
+    assert (csv.name, csv.content_type, csv.content) == (
+        "report.csv",
+        "text/csv",
+        "colour,count\nblue,3\n",
+    )
+    assert (link.name, link.content, link.metadata["url"]) == (
+        "big.bin",
+        "",
+        "https://files.example/big.bin",
+    )
+    assert result.content.splitlines()[-2:] == [
+        f"[file report.csv: kept as run artifact {csv.id}]",
+        f"[file big.bin: kept as run artifact {link.id}]",
+    ]
+    assert "see the files" in result.content
+    # A re-issue (a crash after the task ended) keeps each file once.
+    again = asyncio.run(tool.run({"message": "file"}, context))
+    assert again.content == result.content
+    assert LoopArtifact.objects.filter(run=run).count() == 2

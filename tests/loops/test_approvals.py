@@ -219,6 +219,24 @@ def test_edited_input_must_fit_the_tools_schema(
     assert status_of(run) == RunStatus.WAITING_APPROVAL and step_of(approval).status == "gated"
 
 
+def test_a_gated_call_is_approved_not_answered_and_a_question_needs_an_answer(
+    engine: Engine, pattern: LoopPattern, approver: APIClient
+) -> None:
+    run = park_inline(engine, pattern, [write_call("notes.txt", "hello")])
+    [approval] = pending_approvals(run)
+    response = decide(approver, approval, "answer", answer="blue")
+    assert response.status_code == 400 and response.json()["errors"][0]["pointer"] == "/answer"
+    ActionApproval.objects.filter(pk=approval.pk).update(kind="input", reason="Which colour?")
+    for body in ({"answer": ""}, {"answer": None}, {}):
+        response = decide(approver, approval, "answer", **body)
+        assert response.status_code == 400, (body, response.content)
+    rejected = decide(approver, approval, "reject", reason="not ours to say")
+    assert rejected.status_code == 200 and rejected.json()["kind"] == "input"
+    content = step_of(approval).response["content"]
+    assert content.startswith("approver declined to answer the question (Which colour?)")
+    assert status_of(run) == RunStatus.QUEUED
+
+
 def test_a_call_the_runs_policy_denies_can_be_rejected_but_never_approved(
     engine: Engine, approver: APIClient
 ) -> None:

@@ -3,7 +3,7 @@
 What it does is chosen by the message's first word: ``answer`` completes at once with a text and a
 data artifact; ``ask`` asks for input, and the answer on the same task completes it; ``stream``
 sends several working updates, then an artifact; ``slow <s>`` works for ``s`` seconds first;
-``fail`` fails. It counts every message it receives (``messages``) and records each task's end.
+``file`` completes with a CSV file (bytes) and a file named by URL; anything else fails. It counts every message it receives (``messages``) and records each task's end.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from a2a.types.a2a_pb2 import (
     AgentCard,
     AgentInterface,
     AgentSkill,
+    Part,
     Role,
     TaskState,
 )
@@ -82,6 +83,11 @@ class ScriptedAgent(AgentExecutor):
         if word == "answer":
             await updater.add_artifact([new_text_part("the answer is 42")], name="text")
             await updater.add_artifact([new_data_part({"answer": 42})], name="data")
+            await self._end(updater, task_id, "completed")
+        elif word == "file":
+            csv = Part(raw=b"colour,count\nblue,3\n", filename="report.csv", media_type="text/csv")
+            link = Part(url="https://files.example/big.bin", filename="big.bin")
+            await updater.add_artifact([new_text_part("see the files"), csv, link], name="files")
             await self._end(updater, task_id, "completed")
         elif word == "ask":
             question = new_text_message("Which colour?", context_id=context_id, task_id=task_id)

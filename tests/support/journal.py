@@ -171,6 +171,13 @@ class MemoryJournal:
             "gate", "tool", "gated", name, {**request, "gate_reason": reason}, idempotency_key
         )
 
+    async def ask(self, seq: int, *, question: str) -> None:
+        self._fence()
+        step = self.step(seq)
+        assert step.status in ("started", "approved"), step.status
+        request = {k: v for k, v in step.request.items() if k != "answer"}
+        step.status, step.request = "gated", {**request, "input_request": question}
+
     async def event(self, type: str, data: dict[str, Any]) -> None:
         self._fence()
         self.events.append((type, copy.deepcopy(data)))
@@ -215,6 +222,13 @@ class MemoryJournal:
         step.status = "approved"
         if arguments is not None:
             step.request = {**step.request, "arguments": arguments}
+        self.approved[seq] = (step.name, copy.deepcopy(step.request.get("arguments") or {}))
+
+    def answer(self, seq: int, text: str) -> None:
+        """A person answers the question step ``seq`` asked (like ``loops`` approvals do)."""
+        step = self.step(seq)
+        assert step.status == "gated" and step.request.get("input_request"), step.status
+        step.status, step.request = "approved", {**step.request, "answer": text}
         self.approved[seq] = (step.name, copy.deepcopy(step.request.get("arguments") or {}))
 
     def reject(self, seq: int, text: str) -> None:

@@ -236,3 +236,31 @@ def test_a_paused_runs_approval_waits_without_a_form(
     run_act(run_id=approval.run_id, action="pause", actor="operator")
     page = html(client_as("approver").get(f"/approvals/{approval.id}"))
     assert 'id="cannot-decide"' in page and "<textarea" not in page
+
+
+def test_a_question_a_call_asked_is_answered_on_its_page(
+    pattern: LoopPattern, client_as: ClientAs
+) -> None:
+    approval = parked(pattern)
+    # A call that asked a question (a remote agent's input-required) waits like this.
+    ActionApproval.objects.filter(pk=approval.pk).update(kind="input", reason="Which colour?")
+    approver = client_as("approver")
+    page = html(approver.get(f"/approvals/{approval.id}"))
+    assert "The call that asks" in page and "Which colour?" in page
+    assert 'name="decision" value="answer"' in page and 'value="approve"' not in page
+    assert "Asks:" in html(approver.get("/approvals"))
+    empty = decide(approver, approval, decision="answer", answer="  ")
+    assert empty.status_code == 400
+    assert "Write the answer to send, or reject the question." in html(empty)
+    done = decide(approver, approval, decision="answer", answer="blue")
+    assert done.status_code == 302
+    approval.refresh_from_db()
+    assert (approval.status, approval.answer, approval.decided_by) == (
+        "approved",
+        "blue",
+        "approver",
+    )
+    step = LoopRun.objects.get(pk=approval.run_id).steps.get(seq=approval.step_seq)
+    assert (step.status, step.request["answer"]) == ("approved", "blue")
+    assert step.idempotency_key.endswith(f":approval:{approval.id}")
+    assert "Answer: blue" in html(approver.get(f"/approvals/{approval.id}"))

@@ -88,6 +88,8 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             # MCP servers reach outside with secrets: admins only (test_connector_pages.py).
             "connectors": ("/connectors", {"name": "x"}, Role.ADMIN),
             "connector-refresh": ("/connectors/x/refresh", {}, Role.ADMIN),
+            "a2a-agents": ("/a2a-agents", {"name": "x"}, Role.ADMIN),
+            "a2a-agent-refresh": ("/a2a-agents/x/refresh", {}, Role.ADMIN),
         }
     )
     return targets

@@ -1,0 +1,55 @@
+"""A run's artifacts that tools bring back (``runtime.run_artifacts``): one row per file and
+source, so a re-issued call stores its files once."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+from django.db import transaction
+
+from loops.models import LoopArtifact, LoopRun
+from runtime.run_artifacts import ToolFile
+
+#: The artifact ``kind`` of a file a tool brought back.
+TOOL_FILE = "tool-file"
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/yaml")
+
+
+def _encoded(file: ToolFile) -> tuple[str, str]:
+    """``(content, encoding)``: text as UTF-8 when its type is textual and it decodes, else
+    base64; a file known only by its URL has no content."""
+    if file.content is None:
+        return "", "url"
+    if file.media_type.startswith(_TEXT_TYPES):
+        try:
+            return file.content.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(file.content).decode("ascii"), "base64"
+
+
+@transaction.atomic
+def artifact_store_tool_file(run_id: uuid.UUID, source: str, file: ToolFile) -> str:
+    """Keep ``file`` as an artifact of the run (once per ``source``); the artifact's id."""
+    LoopRun.objects.select_for_update().only("id").get(pk=run_id)  # one writer per run
+    found = LoopArtifact.objects.filter(
+        run_id=run_id, kind=TOOL_FILE, metadata__source=source
+    ).first()
+    if found is not None:
+        return str(found.id)
+    content, encoding = _encoded(file)
+    artifact = LoopArtifact.objects.create(
+        run_id=run_id,
+        kind=TOOL_FILE,
+        name=file.name[:200] or "unnamed",
+        content_type=(file.media_type or "application/octet-stream")[:100],
+        content=content,
+        metadata={
+            "source": source,
+            "encoding": encoding,
+            "size": len(file.content) if file.content is not None else None,
+            "url": file.url,
+        },
+    )
+    return str(artifact.id)
