@@ -44,6 +44,7 @@ from connectors.a2a_services import (
 )
 from connectors.models import A2AAgent, A2ACall
 from connectors.offered import OfferedTools
+from connectors.reach import network_refusal
 from connectors.services import failure_reason
 from connectors.tools import BREAKER_COOLDOWN_SECONDS, breaker_failed
 from harness.planner import A2A_PREFIX
@@ -52,6 +53,7 @@ from runtime.outbound import OutboundRefused
 from runtime.run_artifacts import store_run_artifact
 from runtime.run_cancellation import run_was_canceled
 from runtime.tools.base import Tool, ToolContext, ToolResult
+from runtime.tools.bash import call_network
 from runtime.types import Effect, ToolSpec
 
 CACHE_SECONDS = 2.0
@@ -168,6 +170,10 @@ class A2ATool:
         prepared = await _THREADS.run(functools.partial(_prepare, name, context.call_key))
         if isinstance(prepared, str):
             return ToolResult(f"Error: {prepared}", is_error=True)
+        interfaces = [i.get("url", "") for i in prepared.card.get("supportedInterfaces") or []]
+        refusal = network_refusal([prepared.access.card_url, *interfaces], *call_network(context))
+        if refusal:
+            return ToolResult(f"Error: A2A agent {name} is out of reach: {refusal}.", is_error=True)
         call = prepared.call
         if call.sent_at is not None and not call.task_id:
             return ToolResult(

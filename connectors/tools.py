@@ -27,11 +27,13 @@ from connectors.mcp_client import CallAnswer, ServerAccess, call_tool
 from connectors.models import McpServer
 from connectors.naming import PREFIX, effect_of
 from connectors.offered import OfferedTools
+from connectors.reach import network_refusal
 from connectors.services import failure_reason, mcp_server_refresh_by_name, server_access
 from orchestrator.dbthreads import OffLoopDb
 from runtime.breaker import CircuitBreaker, Verdict
 from runtime.outbound import OutboundRefused
 from runtime.tools.base import Tool, ToolContext, ToolResult
+from runtime.tools.bash import call_network
 from runtime.types import Effect, ToolSpec
 
 CACHE_SECONDS = 2.0
@@ -131,6 +133,11 @@ class McpTool:
         access = await _THREADS.run(functools.partial(_access, offered.server))
         if isinstance(access, str):
             return ToolResult(f"Error: {access}", is_error=True)
+        refusal = network_refusal([access.url], *call_network(context))
+        if refusal:
+            return ToolResult(
+                f"Error: MCP server {offered.server} is out of reach: {refusal}.", is_error=True
+            )
         breaker = self.provider.breaker()
         key = f"mcp-server:{offered.server}"
         admission = await breaker.admit(key, probe_lease=access.timeout_seconds + 5)

@@ -151,6 +151,12 @@ def current_network() -> Network:
     return network_of(_SETTINGS.get())[0]
 
 
+def call_network(context: ToolContext) -> tuple[Network, tuple[str, ...]]:
+    """The network mode and allowed hosts the calling role's harness grants a call (MCP and A2A
+    tools apply them to their servers as the sandbox does)."""
+    return network_of(_settings_of(context))
+
+
 def _settings_of(context: ToolContext) -> Mapping[str, Any] | None:
     if context.invocation is not None:
         return context.invocation.harness

@@ -82,6 +82,8 @@ def pattern(helper_agent: tuple[str, AgentLog], tmp_path: Path) -> Iterator[Any]
         seeds = importlib.import_module("harness.migrations.0002_seed_profiles").SEEDS
         settings = copy.deepcopy(seeds["default"]["settings"])
         settings["isolation"]["allowedConnectors"] = ["helper"]
+        # The seeded profile restricts the network: the server on loopback must be listed.
+        settings["isolation"]["allowedHosts"] = ["127.0.0.1"]
         profile_create(tag="with-helper", settings=settings, created_by="test")
         a2a_agent_create(name="helper", card_url=helper_agent[0], timeout_seconds=120)
         employee_create(username=LEADER, endpoint=endpoint, tools=["read", "list"])

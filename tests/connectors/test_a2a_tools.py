@@ -34,10 +34,13 @@ from tests.support.approvals import approval_pattern
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 RUN = uuid.uuid4()
+ALLOW = {"isolation": {"networkAccess": "allow"}}
 
 
-def _context(key: str, *, seconds: float = 30, answer: str = "") -> ToolContext:
-    invocation = Invocation(run_id=RUN, role="maker", name="maker:0", employee="e")
+def _context(
+    key: str, *, seconds: float = 30, answer: str = "", harness: dict[str, Any] | None = ALLOW
+) -> ToolContext:
+    invocation = Invocation(run_id=RUN, role="maker", name="maker:0", employee="e", harness=harness)
     return ToolContext(
         workdir=None,
         idempotency_key=key,
@@ -229,7 +232,9 @@ def test_files_come_back_as_artifacts_of_the_run(helper_agent: tuple[str, AgentL
     a2a_agent_create(name="helper", card_url=helper_agent[0])
     run = run_trigger(pattern=approval_pattern("a2a-files"), actor="test", inputs={"label": "f"})
     key = f"{run.id}:4:0"
-    invocation = Invocation(run_id=run.id, role="maker", name="maker:0", employee="e")
+    invocation = Invocation(
+        run_id=run.id, role="maker", name="maker:0", employee="e", harness=ALLOW
+    )
     context = replace(_context(key), invocation=invocation)
     tool = A2A_TOOLS.get("a2a__helper")
     assert tool is not None
@@ -254,3 +259,25 @@ def test_files_come_back_as_artifacts_of_the_run(helper_agent: tuple[str, AgentL
     again = asyncio.run(tool.run({"message": "file"}, context))
     assert again.content == result.content
     assert LoopArtifact.objects.filter(run=run).count() == 2
+
+
+def test_a_call_reaches_only_an_agent_the_roles_network_reaches(
+    helper_agent: tuple[str, AgentLog],
+) -> None:
+    a2a_agent_create(name="helper", card_url=helper_agent[0])
+    tool = A2A_TOOLS.get("a2a__helper")
+    assert tool is not None
+    for harness, why in (
+        (None, "isolation.networkAccess is deny"),
+        ({"isolation": {"networkAccess": "deny"}}, "isolation.networkAccess is deny"),
+        (
+            {"isolation": {"networkAccess": "restricted", "allowedHosts": ["*.example.com"]}},
+            "'127.0.0.1' is not in its isolation.allowedHosts",
+        ),
+    ):
+        refused = asyncio.run(tool.run({"message": "answer"}, _context("run:9:0", harness=harness)))
+        assert refused.is_error and why in refused.content, refused.content
+    assert helper_agent[1].messages == []  # nothing reached the agent
+    listed = {"isolation": {"networkAccess": "restricted", "allowedHosts": ["127.0.0.1"]}}
+    answer = asyncio.run(tool.run({"message": "answer"}, _context("run:9:0", harness=listed)))
+    assert not answer.is_error

@@ -87,6 +87,8 @@ def pattern(docs: DocsServer, tmp_path: Path) -> Iterator[Any]:
         seeds = importlib.import_module("harness.migrations.0002_seed_profiles").SEEDS
         settings = copy.deepcopy(seeds["default"]["settings"])
         settings["isolation"]["allowedConnectors"] = ["docs"]
+        # The seeded profile restricts the network: the server on loopback must be listed.
+        settings["isolation"]["allowedHosts"] = ["127.0.0.1"]
         profile_create(tag="with-docs", settings=settings, created_by="test")
         mcp_server_create(name="docs", url=docs.url)
         employee_create(username=LEADER, endpoint=endpoint, tools=["read", "list"])

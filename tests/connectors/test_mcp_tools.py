@@ -17,13 +17,23 @@ from harness.planner import plan_tools
 from runtime.breaker import FAILURE_THRESHOLD
 from runtime.policy import Decision
 from runtime.tools.base import ToolContext, ToolResult
+from runtime.tools.bash import network_access
 from runtime.types import Effect
 from tests.support.mcp_server import DocsServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 
-def _call(name: str, arguments: dict[str, Any], *, reissued: bool = False) -> ToolResult:
+ALLOW = {"isolation": {"networkAccess": "allow"}}
+
+
+def _call(
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    reissued: bool = False,
+    harness: dict[str, Any] | None = ALLOW,
+) -> ToolResult:
     tool = MCP_TOOLS.get(name)
     assert tool is not None, name
     context = ToolContext(
@@ -32,7 +42,8 @@ def _call(name: str, arguments: dict[str, Any], *, reissued: bool = False) -> To
         deadline=time.monotonic() + 30,
         reissued=reissued,
     )
-    return asyncio.run(tool.run(arguments, context))
+    with network_access(harness):  # what the invoker sets around a role's loop
+        return asyncio.run(tool.run(arguments, context))
 
 
 def test_tools_are_offered_with_their_effects_and_called(docs: DocsServer) -> None:
@@ -104,3 +115,17 @@ def test_the_idempotency_key_travels_in_the_request_meta(docs: DocsServer) -> No
     ((name, arguments, meta),) = docs.calls
     assert (name, arguments) == ("add_note", {"text": "x"})
     assert meta[IDEMPOTENCY_META] == "run:3:mcp__docs__add_note"
+
+
+def test_a_call_reaches_only_a_server_the_roles_network_reaches(docs: DocsServer) -> None:
+    mcp_server_create(name="docs", url=docs.url)
+    denied = _call("mcp__docs__search", {"query": "x"}, harness=None)
+    assert denied.is_error and "isolation.networkAccess is deny" in denied.content
+    elsewhere = {"isolation": {"networkAccess": "restricted", "allowedHosts": ["api.example.com"]}}
+    refused = _call("mcp__docs__search", {"query": "x"}, harness=elsewhere)
+    assert (
+        refused.is_error and "'127.0.0.1' is not in its isolation.allowedHosts" in refused.content
+    )
+    listed = {"isolation": {"networkAccess": "restricted", "allowedHosts": ["127.0.0.1"]}}
+    assert not _call("mcp__docs__search", {"query": "x"}, harness=listed).is_error
+    assert docs.names() == ["search"]  # the refused calls never reached the server
