@@ -21,6 +21,8 @@ BENCHMARKS = [
     # The engine (issue 9): the database floor first, its figures are the others' references.
     "raw_reference",
     "step_overhead",
+    # Spans (issue 22): the step figure with spans on over spans off, in the same run.
+    "span_overhead",
     "throughput",
     "dispatch",
     "resume",
@@ -32,6 +34,8 @@ BENCHMARKS = [
     "approvals",
     # The OpenAI-compatible endpoint (issue 20): streamed first byte over the model's, 100 streams.
     "gateway_stream",
+    # Live run streams (issue 22): 500 idle streams' database cost, an event's fan-out latency.
+    "streams",
     # LangGraph + PostgresSaver's own rows (optional extra ``bench``; says so when missing).
     "peer_langgraph",
 ]

@@ -245,8 +245,8 @@ class DraftForm(forms.Form):
         kind=dict,
         widget=forms.Textarea(attrs={"rows": 22, "spellcheck": "false", "class": "mono"}),
         help_text=(
-            "Sections: tools, limits, paths, isolation, delegation "
-            "(memory, observability: off only)."
+            "Sections: tools, limits, paths, isolation, delegation, observability "
+            "(memory: off only)."
         ),
     )
     note = forms.CharField(max_length=500, required=False, widget=forms.TextInput(_TEXT))

@@ -1,7 +1,10 @@
 """Live updates for the UI as server-sent events (``text/event-stream``).
 
-Each stream is a *feed* polled against the database (the source of truth) by the platform's
-transport (``orchestrator.sse``: pacing, heartbeats, lifetime, ASGI and WSGI); what changed goes
+Each stream is a *feed* read from the database (the source of truth) by the platform's
+transport (``orchestrator.sse``: wake-ups, pacing, heartbeats, lifetime, ASGI and WSGI) when the
+wake-up hub says a run changed (a run page: its run; the monitor and the approvals queue: any
+run, read at most every :data:`ANY_RUN_GAP_SECONDS`), or every ``SSE_POLL_SECONDS`` where there
+is no hub (SQLite); what changed goes
 out as messages whose data is JSON carrying the HTML fragment rendered by the same template as
 the page, so the browser only swaps elements. A reconnect (``Last-Event-ID``) is exact because
 it re-reads the database from that point.
@@ -41,8 +44,8 @@ from frontend.views.approvals import queue_context
 from frontend.views.runs import run_header_context
 from loops import live_text, state
 from loops.models import LoopEvent, LoopRun, LoopStep
-from orchestrator import sse
-from orchestrator.sse import Message
+from orchestrator import sse, wakeups
+from orchestrator.sse import Message, Wake
 
 #: How far behind its cursor the runs feed re-reads ids (late commits, see the module doc).
 LOOKBACK = 100
@@ -50,6 +53,10 @@ LOOKBACK = 100
 GRACE = timedelta(seconds=10)
 BATCH = 1000
 _TERMINAL = frozenset(s.value for s in state.TERMINAL)
+#: The least time between two reads of a stream that every run's writes wake (the monitor, the
+#: approvals queue): a busy engine wakes them often, their pages need no more.
+ANY_RUN_GAP_SECONDS = 0.5
+ANY_RUN = Wake(frozenset({wakeups.ANY_RUN}), gap=ANY_RUN_GAP_SECONDS)
 
 
 # --- The monitor's feed -----------------------------------------------------------------------
@@ -176,6 +183,7 @@ class RunFeed:
         self.live: dict[str, tuple[str, int]] = {}
         self.header_key: tuple[Any, ...] | None = None
         self.finished = False
+        self.active = True
         self._bindings: dict[str, Any] | None = None
 
     def poll(self) -> list[Message]:
@@ -184,6 +192,7 @@ class RunFeed:
             self.finished = True
             return [Message("done", {"status": "deleted"})]
         self._bindings = None
+        self.active = current["status"] not in _TERMINAL
         out = self._events() + self._steps()
         quiet = not out
         out += self._live()
@@ -226,6 +235,12 @@ class RunFeed:
             self.step_states[step.seq] = key
             out.append(self._step_message(step, self.bindings()))
         return out
+
+    def between(self) -> list[Message]:
+        """Between reads on the wake-up hub: the live text (not a database row, so no write
+        announces it) while the run is not finished; once it is, a read, until one finds it
+        quiet and says ``done``."""
+        return self._live() if self.active else self.poll()
 
     def _live(self) -> list[Message]:
         """The live text of each model step in flight that changed, and ends of live text."""
@@ -293,11 +308,11 @@ class RunFeed:
 # --- Views -----------------------------------------------------------------------------------
 
 
-def event_stream(request: HttpRequest, feed: sse.Feed) -> StreamingHttpResponse:
-    """The feed as a server-sent-events response; fragments carry forms, so the CSRF cookie is
-    set first."""
+def event_stream(request: HttpRequest, feed: sse.Feed, wake: Wake) -> StreamingHttpResponse:
+    """The feed as a server-sent-events response, woken by the hub (``wake``); fragments carry
+    forms, so the CSRF cookie is set first."""
     get_token(request)
-    return sse.event_stream(request, feed)
+    return sse.event_stream(request, feed, wake)
 
 
 @ui_view()
@@ -306,13 +321,13 @@ def runs_stream(request: HttpRequest) -> StreamingHttpResponse:
     filters = runs.RunFilters.from_query(request.GET)
     cursor = runs.ChangeCursor.decode(sse.last_event_id(request, "since"))
     feed = RunsFeed(request, filters, cursor or runs.change_cursor_now())
-    return event_stream(request, feed)
+    return event_stream(request, feed, ANY_RUN)
 
 
 @ui_view()
 def approvals_stream(request: HttpRequest) -> StreamingHttpResponse:
     """The approvals queue's live feed, from the fingerprint the page was drawn at (``?v=``)."""
-    return event_stream(request, ApprovalsFeed(request, request.GET.get("v", "")))
+    return event_stream(request, ApprovalsFeed(request, request.GET.get("v", "")), ANY_RUN)
 
 
 def _int(value: str) -> int:
@@ -332,4 +347,4 @@ def run_stream(request: HttpRequest, run_id: str) -> StreamingHttpResponse:
         after_step=_int(request.GET.get("steps", "")),
         open_steps=open_steps,
     )
-    return event_stream(request, feed)
+    return event_stream(request, feed, Wake(frozenset({wakeups.run_topic(run.id)})))

@@ -104,7 +104,8 @@ urlpatterns = [
         skills.execution_download,
         name="skill-execution-download",
     ),
-    path("metrics", metrics.metrics, name="metrics"),
+    # "/metrics" is the Prometheus exposition (orchestrator/metrics_view.py).
+    path("ui/metrics", metrics.metrics, name="metrics"),
     # Live updates (server-sent events)
     path("ui/stream/runs", streams.runs_stream, name="stream-runs"),
     path("ui/stream/approvals", streams.approvals_stream, name="stream-approvals"),

@@ -7,11 +7,11 @@ any order of the layers and adding a layer can only tighten it:
 - allow lists, trusted tools, allowed employees, connectors and hosts, memory scopes:
   intersection (``"*"`` is every name, the identity of intersection; a host pattern
   ``*.example.com`` holds every name under it);
-- ask and deny, denied paths: union;
+- ask and deny, denied paths, redaction patterns: union;
 - per-tool effects: the most severe effect per tool (read < write < external);
 - numbers: minimum;
-- capability booleans (memory.enabled, observability.captureInputs/captureOutputs): AND;
-- requirement booleans (isolation.requireWorktree, observability.enabled): OR;
+- capability booleans (memory.enabled, observability.enabled/captureInputs/captureOutputs): AND;
+- requirement booleans (isolation.requireWorktree): OR;
 - isolation.mode: worktree over none; isolation.networkAccess: deny < restricted < allow.
 
 A field a layer leaves out is no opinion and changes nothing. Compilation starts from the loosest
@@ -171,10 +171,11 @@ RULES: dict[str, Rule] = {
         "strictest (deny < restricted < allow)", _stricter_of(NETWORK_ACCESS), "allow"
     ),
     "isolation.allowedHosts": Rule("intersection of host patterns", meet_hosts, ALL),
-    "observability.enabled": _OR,
+    "observability.enabled": _AND,
     "observability.tracingRetentionDays": _minimum("observability.tracingRetentionDays"),
     "observability.captureInputs": _AND,
     "observability.captureOutputs": _AND,
+    "observability.redact": _UNION,
 }
 """Every leaf field of the settings, by ``section.key`` path (the provenance keys)."""
 

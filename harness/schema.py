@@ -1,4 +1,4 @@
-"""The harness settings schema: six sections, validated strictly, exported as JSON Schema.
+"""The harness settings schema: seven sections, validated strictly, exported as JSON Schema.
 
 Two shapes of the same settings live here:
 
@@ -17,6 +17,7 @@ to the offending field. This module is pure: no Django, no database.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
@@ -98,7 +99,6 @@ def _bounded(path: str) -> Any:
 #: accepted that nothing enforces: a value asking for more than "off" is refused, naming this.
 NOT_BUILT: dict[str, str] = {
     "memory": "Loopwright has no agent memory yet",
-    "observability": "Loopwright records no execution spans yet",
 }
 
 
@@ -141,23 +141,29 @@ MaxToolCalls = Annotated[int, _bounded("limits.maxToolCalls")]
 MaxTokens = Annotated[int, _bounded("limits.maxTokens")]
 MaxCost = Annotated[float, _bounded("limits.maxCost"), Field(allow_inf_nan=False)]
 ModelRetryWindowMs = Annotated[int, _bounded("limits.modelRetryWindowMs")]
-RetentionDays = Annotated[
-    int,
-    _bounded("observability.tracingRetentionDays"),
-    _only_off("observability.tracingRetentionDays", 0, "0"),
-    _off_schema(0),
-]
+RetentionDays = Annotated[int, _bounded("observability.tracingRetentionDays")]
 MemoryEnabled = Annotated[bool, _only_off("memory.enabled", False, "false"), _off_schema(False)]
 MemoryScopes = Annotated[Scopes, _only_off("memory.scopes", [], "[]"), _off_schema([])]
 Delegates = Usernames
 Connectors = Names
-Tracing = Annotated[bool, _only_off("observability.enabled", False, "false"), _off_schema(False)]
-CaptureInputs = Annotated[
-    bool, _only_off("observability.captureInputs", False, "false"), _off_schema(False)
-]
-CaptureOutputs = Annotated[
-    bool, _only_off("observability.captureOutputs", False, "false"), _off_schema(False)
-]
+Tracing = bool
+CaptureInputs = bool
+CaptureOutputs = bool
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise PydanticCustomError(
+            "invalid_pattern", "not a regular expression: {error}", {"error": str(exc)}
+        ) from exc
+    return value
+
+
+#: A pattern of ``observability.redact`` (Python ``re`` syntax): what matches is masked.
+RedactPattern = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_regex)]
+RedactPatterns = Annotated[list[RedactPattern], Field(max_length=50)]
 
 
 def _refuse_null(value: Any) -> Any:
@@ -258,14 +264,14 @@ class IsolationLayer(_Strict):
     )
     allowed_connectors: Opt[Connectors] = Field(
         None,
-        description="Connectors whose tools may be offered: MCP server names (tools "
-        'mcp__<server>__<tool>); "*" for every registered one. A connector tool of a server '
-        "not listed is denied whatever tools.allow says.",
+        description="Connectors whose tools may be offered: MCP server and A2A agent names "
+        '(tools mcp__<server>__<tool>, a2a__<agent>); "*" for every registered one. A connector '
+        "tool not listed is denied whatever tools.allow says.",
     )
     network_access: Opt[NetworkAccess] = Field(
         None,
-        description="Network of bash and sandboxed code: deny, restricted (allowedHosts only) "
-        "or allow.",
+        description="Network of bash, sandboxed code and MCP / A2A calls: deny, restricted "
+        "(allowedHosts only) or allow.",
     )
     allowed_hosts: Opt[Hosts] = Field(
         None,
@@ -275,12 +281,23 @@ class IsolationLayer(_Strict):
 
 
 class ObservabilityLayer(_Strict):
-    enabled: Opt[Tracing] = Field(None, description="Record execution spans." + _OFF)
-    tracing_retention_days: Opt[RetentionDays] = Field(
-        None, description="Days spans are kept." + _OFF
+    enabled: Opt[Tracing] = Field(
+        None, description="Record the role's execution spans (docs/observability.md)."
     )
-    capture_inputs: Opt[CaptureInputs] = Field(None, description="Store inputs in spans." + _OFF)
-    capture_outputs: Opt[CaptureOutputs] = Field(None, description="Store outputs in spans." + _OFF)
+    tracing_retention_days: Opt[RetentionDays] = Field(
+        None, description="Days a run's spans are kept after it ends; then they are pruned."
+    )
+    capture_inputs: Opt[CaptureInputs] = Field(
+        None, description="Keep each step's input in its span (and its export)."
+    )
+    capture_outputs: Opt[CaptureOutputs] = Field(
+        None, description="Keep each step's output in its span (and its export)."
+    )
+    redact: Opt[RedactPatterns] = Field(
+        None,
+        description="Regular expressions whose matches in a span's captured input and output "
+        'are replaced by "***" before they are stored or exported.',
+    )
 
 
 class HarnessLayer(_Strict):
@@ -348,6 +365,7 @@ class ObservabilitySettings(_Strict):
     tracing_retention_days: RetentionDays
     capture_inputs: CaptureInputs
     capture_outputs: CaptureOutputs
+    redact: RedactPatterns
 
 
 class HarnessSettings(_Strict):
@@ -390,10 +408,11 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
         "allowedHosts": ["*"],
     },
     "observability": {
-        "enabled": False,
-        "tracingRetentionDays": 0,
-        "captureInputs": False,
-        "captureOutputs": False,
+        "enabled": True,
+        "tracingRetentionDays": 30,
+        "captureInputs": True,
+        "captureOutputs": True,
+        "redact": [],
     },
 }
 """Platform ceilings when ``settings.LOOPWRIGHT_HARNESS_PLATFORM`` does not override them:

@@ -32,9 +32,12 @@ from loops.serializers import (
     TriggeredRunSerializer,
     TriggerSerializer,
 )
+from loops.serializers_spans import SpanTreeSerializer
 from loops.services.budgets import run_budget_raise
 from loops.services.patterns import pattern_create, pattern_update
 from loops.services.runs import role_harness_compile, run_act, run_retry, run_trigger
+from loops.services.spans import run_spans
+from loops.spans import span_tree
 from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsOperator, IsViewer, ReadOrOperator
 from orchestrator.errors import Conflict
@@ -211,6 +214,23 @@ class RunViewSet(
         steps: QuerySet[Any] = run.steps.order_by("seq")
         page = self.paginate_queryset(steps)
         return self.get_paginated_response(StepSerializer(page, many=True).data)
+
+    @extend_schema(
+        responses={200: SpanTreeSerializer},
+        description="The run's span tree (docs/observability.md): run, role invocations, model "
+        "and tool calls, approval waits, sub-agents; with times, tokens, cost and tiers.",
+    )
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def spans(self, request: Request, pk: str | None = None) -> Response:
+        """The run's spans as one tree."""
+        found = run_spans(self.get_object())
+        body = {
+            "run": found.run_id,
+            "trace_id": found.trace_id,
+            "origin": found.origin,
+            "spans": span_tree(found.spans),
+        }
+        return Response(SpanTreeSerializer(body).data)
 
     @extend_schema(responses={200: ArtifactSerializer(many=True)})
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)

@@ -9,9 +9,11 @@ class LoopsConfig(AppConfig):
 
     def ready(self) -> None:
         from harness.checks import publish_check_register
+        from loops.metrics import engine_state_collect
         from loops.services.artifacts import artifact_store_tool_file
         from loops.services.patterns import profile_publish_check
         from loops.services.runs import run_is_canceled
+        from orchestrator.metrics import state_collector_register
         from runtime.run_artifacts import run_artifact_store_register
         from runtime.run_cancellation import run_canceled_probe_register
 
@@ -23,3 +25,5 @@ class LoopsConfig(AppConfig):
         run_canceled_probe_register(run_is_canceled)
         # Files a tool brings back (a remote agent's file parts) are kept as run artifacts.
         run_artifact_store_register(artifact_store_tool_file)
+        # Runs by live status, the queue and pending approvals, read at each scrape.
+        state_collector_register("loops", engine_state_collect)

@@ -14,6 +14,8 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from loops.span_models import LoopSpan, LoopSpanRecord, new_trace_id
+
 
 def uuid7() -> uuid.UUID:
     """A time-ordered UUID (RFC 9562 version 7), so ids sort by creation time."""
@@ -154,6 +156,8 @@ class LoopRun(models.Model):
     #: that no longer equals ``lease_token`` belongs to a dead lease and holds nothing
     #: (``loops.services.budgets``).
     model_call_token = models.BigIntegerField(null=True, blank=True)
+    #: W3C trace id of the run's spans: the caller's (``traceparent``) or a new one.
+    trace_id = models.CharField(max_length=32, default=new_trace_id)
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )
@@ -592,3 +596,4 @@ class EventDelivery(models.Model):
 
 
 __all__ += ["CronFire", "CronFireOutcome", "CronSchedule", "EventDelivery", "EventKey"]
+__all__ += ["LoopSpan", "LoopSpanRecord"]

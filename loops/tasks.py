@@ -18,6 +18,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from loops.services.approvals import approvals_expire
 from loops.services.claims import runs_reap
 from loops.services.notifications import deliver_approval_notifications
+from loops.services.spans import spans_sweep
 from loops.triggers import scheduler
 from loops.worker.driver import get_driver, stop_driver
 from orchestrator.heap import freeze_startup_heap
@@ -50,6 +51,15 @@ def reap() -> None:
             len(report.failed),
             report.locks_freed,
         )
+
+
+@shared_task(name="loops.spans_sweep", ignore_result=True, time_limit=300, expires=60)
+def spans_sweep_task() -> None:
+    """Store (and export) the spans of ended runs, prune those past retention."""
+    report = spans_sweep()
+    if report.recorded or report.pruned:
+        stored = (report.recorded, report.spans, report.pruned)
+        logger.info("spans: %d runs stored (%d spans), %d pruned", *stored)
 
 
 @shared_task(name="loops.notify_approvals", ignore_result=True, time_limit=60)

@@ -5,6 +5,7 @@ from rest_framework.routers import SimpleRouter
 
 from loops.api import PatternViewSet, RunViewSet
 from loops.api_approvals import ApprovalViewSet
+from loops.api_streams import RunStreamView
 from loops.api_triggers import EventIngestView, EventKeyViewSet, PatternScheduleView
 
 router = SimpleRouter(trailing_slash=False)
@@ -17,4 +18,5 @@ urlpatterns = [
     *router.urls,
     path("events/<str:event_key>", EventIngestView.as_view(), name="event-deliver"),
     path("patterns/<str:key>/schedule", PatternScheduleView.as_view(), name="pattern-schedule"),
+    path("runs/<str:pk>/stream", RunStreamView.as_view(), name="run-stream"),
 ]

@@ -40,6 +40,12 @@ app.conf.update(
             "schedule": float(os.environ.get("LOOPWRIGHT_CRON_TICK_SECONDS", "15")),
             "options": {"expires": 30},
         },
+        # Spans of ended runs stored, exported and pruned (docs/observability.md).
+        "loops.spans_sweep": {
+            "task": "loops.spans_sweep",
+            "schedule": float(os.environ.get("LOOPWRIGHT_SPAN_SWEEP_SECONDS", "15")),
+            "options": {"expires": 60},
+        },
         # Skill executions whose sandbox worker died go back to the queue (docs/skills.md).
         "skillhub.recover": {
             "task": "skillhub.recover",

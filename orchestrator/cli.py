@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
@@ -33,13 +33,37 @@ from urllib.parse import quote
 
 import httpx2
 
+if __package__:
+    from orchestrator.cli_output import (
+        _clock,
+        _short,
+        approval_commands,
+        money,
+        sse_messages,
+        step_line,
+    )
+else:  # a bare file (bin/loopwright, python -P): its helper is in its folder, not on the path
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from cli_output import (  # type: ignore[no-redef]
+        _clock,
+        _short,
+        approval_commands,
+        money,
+        sse_messages,
+        step_line,
+    )
+
 DEFAULT_URL = "http://127.0.0.1:8000"
+#: The pause before reconnecting to a stream that dropped.
 POLL_SECONDS = 0.5
+#: A stream sends a heartbeat every 15 s: a read waiting longer has lost its server.
+STREAM_TIMEOUT = httpx2.Timeout(10.0, read=45.0)
+OPEN_STEPS = {"started", "gated", "approved"}
 TERMINAL = {"succeeded", "failed", "canceled"}
 #: Parked states: the run holds no worker and waits for a person.
 PARKED = {"waiting_approval", "waiting_human", "paused", "blocked"}
 EXIT_OK, EXIT_ERROR, EXIT_NOT_SUCCEEDED, EXIT_INTERRUPTED = 0, 1, 2, 130
-#: Consecutive failed polls tolerated while watching (a restarting server), ~15 s.
+#: Consecutive failed connections tolerated while watching (a restarting server), ~15 s.
 MAX_POLL_FAILURES = 30
 
 
@@ -102,6 +126,27 @@ class Api:
                 status=response.status_code,
             )
         return response.json()
+
+    def lines(self, path: str, headers: dict[str, str], params: dict[str, Any]) -> Iterator[str]:
+        """The lines of a streamed answer (server-sent events); a refusal raises CliError."""
+        try:
+            with self.client.stream(
+                "GET", f"/api/v1/{path}", headers=headers, params=params, timeout=STREAM_TIMEOUT
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise CliError(
+                        _problem_text(response),
+                        transient=response.status_code >= 500,
+                        status=response.status_code,
+                    )
+                yield from response.iter_lines()
+        except httpx2.ConnectError as exc:
+            raise CliError(
+                f"Cannot reach Loopwright at {self.url} (LOOPWRIGHT_URL): {exc}", transient=True
+            ) from exc
+        except httpx2.TransportError as exc:
+            raise CliError(f"Lost the stream from {self.url}: {exc}", transient=True) from exc
 
     def close(self) -> None:
         self.client.close()
@@ -179,21 +224,6 @@ def notice_lines(notices: Sequence[dict[str, Any]]) -> list[str]:
 
 
 # --- watching ------------------------------------------------------------------------------------
-
-
-def _clock(stamp: str | None) -> str:
-    if not stamp:
-        return "--:--:--"
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).strftime("%H:%M:%S")
-    except ValueError:
-        return stamp[:8]
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def format_event(event: dict[str, Any]) -> str:
@@ -292,16 +322,8 @@ def _parked_advice(api: Api, run: dict[str, Any]) -> list[str]:
             pending = api.request("GET", "approvals", params={"run": run_id, "status": "pending"})
         except CliError:
             pending = {"results": []}
-        for approval in pending.get("results", []):
-            lines.append(
-                f"  approval {approval['id']}: {approval.get('tool_name')} "
-                f"{_short(approval.get('arguments'), 80)}"
-            )
-            lines.append(
-                f"    decide: POST /api/v1/approvals/{approval['id']}/decide "
-                '{"decision": "approve"} (or "reject" with a "reason")'
-            )
-        lines.append(f"Then follow it again: loopwright watch {run_id}")
+        lines += approval_commands(pending.get("results", []))
+        lines.append(f"Then follow it again: loopwright watch {run_id} (--through-approvals)")
         return lines
     if status == "waiting_human":
         return [
@@ -316,55 +338,102 @@ def _parked_advice(api: Api, run: dict[str, Any]) -> list[str]:
 
 @dataclass
 class Watcher:
-    """Follows a run's events until it ends or parks; ``sleep`` is injectable for tests."""
+    """Follows a run's live stream (``GET /runs/{id}/stream``) until it ends or parks, and
+    reconnects with ``Last-Event-ID`` when the connection drops (a restarting server is waited
+    for); ``through_approvals`` keeps following while the run waits for an approval."""
 
     api: Api
     out: TextIO
     sleep: Callable[[float], None] = time.sleep
+    through_approvals: bool = False
     after_seq: int = 0
+    steps: dict[int, str] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=lambda: {"tokens": 0.0, "cost": 0.0})
     failures: int = 0
     reached: bool = False
-
-    def poll(self, run_id: str) -> None:
-        """Print the events after the last one printed."""
-        while True:
-            page = self.api.request(
-                "GET", f"runs/{run_id}/events", params={"after_seq": self.after_seq, "limit": 200}
-            )
-            for event in page.get("results", []):
-                print(format_event(event), file=self.out, flush=True)
-                self.after_seq = max(self.after_seq, int(event["seq"]))
-            if not page.get("next"):
-                return
-
-    def _step(self, run_id: str) -> dict[str, Any] | None:
-        """One poll; a server that was reached and is briefly gone (a restart) is waited for."""
-        try:
-            self.poll(run_id)
-            run: dict[str, Any] = self.api.request("GET", f"runs/{run_id}")
-        except CliError as exc:
-            self.failures += 1
-            if not (exc.transient and self.reached) or self.failures >= MAX_POLL_FAILURES:
-                raise
-            return None
-        self.failures, self.reached = 0, True
-        return run
+    announced: set[str] = field(default_factory=set)
 
     def follow(self, run_id: str) -> dict[str, Any]:
         while True:
-            run = self._step(run_id)
-            if run is not None and run["status"] in TERMINAL | PARKED:
-                self.poll(run_id)  # events written between the poll and the read
-                return run
-            self.sleep(POLL_SECONDS)
+            try:
+                if self._connect(run_id):
+                    run: dict[str, Any] = self.api.request("GET", f"runs/{run_id}")
+                    return run
+            except CliError as exc:
+                self.failures += 1
+                if not (exc.transient and self.reached) or self.failures >= MAX_POLL_FAILURES:
+                    raise
+                self.sleep(POLL_SECONDS)
+
+    def _steps_after(self) -> int:
+        """Reconnecting: the steps after the last finished one printed (open ones come again)."""
+        unfinished = [seq for seq, status in self.steps.items() if status in OPEN_STEPS]
+        return min(unfinished) - 1 if unfinished else max(self.steps, default=0)
+
+    def _connect(self, run_id: str) -> bool:
+        """One connection; True when the run ended or parked, False to reconnect."""
+        headers = {"Accept": "application/json, text/event-stream"}
+        if self.after_seq:
+            headers["Last-Event-ID"] = str(self.after_seq)
+        params = {"steps_after": self._steps_after()}
+        for kind, data in sse_messages(self.api.lines(f"runs/{run_id}/stream", headers, params)):
+            self.reached, self.failures = True, 0
+            if self.handle(kind, data):
+                return True
+        return False
+
+    def handle(self, kind: str, data: dict[str, Any]) -> bool:
+        """Print one message; True when following should stop."""
+        if kind == "event":
+            print(format_event(data), file=self.out, flush=True)
+            self.after_seq = max(self.after_seq, int(data["seq"]))
+        elif kind == "step":
+            self._step(data)
+        elif kind == "run":
+            return self._run(data)
+        return kind == "done"
+
+    def _step(self, step: dict[str, Any]) -> None:
+        seq, status = int(step["seq"]), str(step.get("status"))
+        if self.steps.get(seq) == status:
+            return  # sent again after a reconnect
+        if status not in OPEN_STEPS:
+            self.totals["tokens"] += int(step.get("tokens_in") or 0) + int(
+                step.get("tokens_out") or 0
+            )
+            self.totals["cost"] += float(step.get("cost") or 0)
+        self.steps[seq] = status
+        print(step_line(step, self.totals), file=self.out, flush=True)
+
+    def _run(self, run: dict[str, Any]) -> bool:
+        status = str(run.get("status"))
+        if status != "waiting_approval" or not self.through_approvals:
+            return status in PARKED
+        fresh = [a for a in run.get("pending_approvals") or [] if a["id"] not in self.announced]
+        if fresh:
+            print("waiting for approval (decide in another terminal):", file=self.out)
+            for line in approval_commands(fresh):
+                print(line, file=self.out, flush=True)
+            self.announced.update(a["id"] for a in fresh)
+        return False
 
 
-def watch(api: Api, run_id: str, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
+def watch(
+    api: Api,
+    run_id: str,
+    out: TextIO,
+    sleep: Callable[[float], None] = time.sleep,
+    through_approvals: bool = False,
+) -> int:
     print(f"watching run {run_id} (Ctrl-C stops watching; the run goes on)", file=out)
-    run = Watcher(api=api, out=out, sleep=sleep).follow(run_id)
+    watcher = Watcher(api=api, out=out, sleep=sleep, through_approvals=through_approvals)
+    run = watcher.follow(run_id)
     print("", file=out)
     for line in summary_lines(run):
         print(line, file=out)
+    if watcher.totals["tokens"] or watcher.totals["cost"]:
+        tokens, cost = int(watcher.totals["tokens"]), money(watcher.totals["cost"])
+        print(f"  model usage seen: {tokens:,} tokens, {cost}", file=out)
     if run["status"] in PARKED:
         for line in _parked_advice(api, run):
             print(line, file=out)
@@ -403,7 +472,7 @@ def cmd_trigger(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_watch(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    return watch(api, args.run_id, out)
+    return watch(api, args.run_id, out, through_approvals=args.through_approvals)
 
 
 def approval_line(approval: dict[str, Any]) -> str:
@@ -480,8 +549,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trigger.add_argument("--watch", action="store_true", help="follow the run until it ends")
     trigger.set_defaults(handler=cmd_trigger)
-    follow = commands.add_parser("watch", help="follow a run's events until it ends")
+    follow = commands.add_parser(
+        "watch", help="follow a run live (events, steps, tokens, cost) until it ends"
+    )
     follow.add_argument("run_id", help="the run's id")
+    follow.add_argument(
+        "--through-approvals",
+        action="store_true",
+        help="keep following while the run waits for an approval (decide it with "
+        "loopwright approve/reject in another terminal)",
+    )
     follow.set_defaults(handler=cmd_watch)
     listing = commands.add_parser("approvals", help="list the pending approvals")
     listing.add_argument("--run", help="only this run's")

@@ -100,6 +100,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "orchestrator.middleware.RequestIdMiddleware",
+    "orchestrator.tracecontext.TraceparentMiddleware",
     "orchestrator.middleware.BoundedRequestMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -345,6 +346,16 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "loopwright@localhost")
 if not EMAIL_HOST:
     EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
+# --- Prometheus metrics (docs/observability.md) -------------------------------------------------
+# Every process of one host writes its counters under this folder (prometheus_client's
+# multiprocess mode); ``/metrics`` on the web process adds them up.
+METRICS_DIR = Path(os.environ.get("LOOPWRIGHT_METRICS_DIR") or VAR_DIR / "metrics")
+# When set, ``/metrics`` answers only ``Authorization: Bearer <this>``; else it is open.
+METRICS_TOKEN = os.environ.get("LOOPWRIGHT_METRICS_TOKEN", "")
+# A worker serves its host's counters on this port too (0: off), bound to this address.
+METRICS_WORKER_PORT = env_int("LOOPWRIGHT_METRICS_WORKER_PORT", 0)
+METRICS_WORKER_ADDR = os.environ.get("LOOPWRIGHT_METRICS_WORKER_ADDR", "127.0.0.1")
 
 # --- Logs: plain lines, or JSON lines (LOG_FORMAT=json) ----------------------------------------
 try:

@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from orchestrator.health import healthz, readyz
+from orchestrator.metrics_view import prometheus_metrics
 
 # HTML for people on UI paths, problem+json for the API and scripts (content-negotiated).
 handler400 = "frontend.errors.handler400"
@@ -15,6 +16,8 @@ handler500 = "frontend.errors.handler500"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
+    # Prometheus text for scrapers (docs/observability.md); the HTML page is /ui/metrics.
+    path("metrics", prometheus_metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -29,6 +29,7 @@ from runtime.dispatch import ERRORS, Disposition, PlannedCall, StepPlan, Toolset
 from runtime.history import APPROVED, FINISHED, GATED, STARTED, Log, ModelEntry
 from runtime.history import result_text as recorded_text
 from runtime.invocation import LeaseLost, StepJournal, StepRecord, ToolCallRefused
+from runtime.observers import runtime_observer
 from runtime.tools.base import Invocation, Tool, ToolContext, ToolError, ToolResult
 from runtime.truncation import truncate_output
 from runtime.types import Effect
@@ -101,8 +102,23 @@ async def execute_tool(
 ) -> CallResult:
     """Run one tool under the per-tool timeout; every failure becomes an error result.
 
-    Cancellation and a lost lease are not failures of the tool: they propagate.
+    Cancellation and a lost lease are not failures of the tool: they propagate. Each call's
+    end is told to the runtime's observer (``runtime/observers.py``).
     """
+    started, outcome = time.monotonic(), "cancelled"
+    try:
+        result = await _execute(tool, arguments, context, limits)
+        outcome = "error" if result.error else "ok"
+        return result
+    finally:
+        seconds = time.monotonic() - started
+        observer = runtime_observer()
+        observer.tool_call(effect=tool.spec.effect.value, outcome=outcome, seconds=seconds)
+
+
+async def _execute(
+    tool: Tool, arguments: dict[str, Any], context: ToolContext, limits: ExecutionLimits
+) -> CallResult:
     name = tool.spec.name
     scope = asyncio.timeout(limits.timeout_seconds)
     try:
@@ -229,6 +245,9 @@ class StepExecutor:
             "arguments": arguments,
             "disposition": str(planned.disposition),
         }
+        tool = self.toolset.registry.get(planned.tool) if planned.tool else None
+        if tool is not None:  # the declared tier, for the call's span (docs/observability.md)
+            request["effect"] = str(tool.spec.effect)
         if planned.repairs:
             request["repairs"] = list(planned.repairs)
         return request

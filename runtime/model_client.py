@@ -48,6 +48,7 @@ from runtime.model_config import (
     RetryPolicy,
 )
 from runtime.model_wire import EndpointError, build_body, error_from_payload, parse_response
+from runtime.observers import runtime_observer
 from runtime.outbound import OutboundPolicy
 from runtime.scripted import ScriptedModelClient, load_script
 from runtime.secrets import (
@@ -157,14 +158,19 @@ class OpenAICompatibleClient:
         failures: list[EndpointError] = []
         async with self._http() as http:
             for target in self.config.chain():
+                started = time.monotonic()
                 try:
-                    return await self._try_endpoint(http, target, request, sink)
+                    response = await self._try_endpoint(http, target, request, sink)
                 except EndpointError as err:
+                    _observed(target, started, "circuit_open" if _refused(err) else err.kind)
                     err.endpoint = target.name
                     failures.append(err)
                     logger.warning("model endpoint %s failed: %s", target.name, err.detail)
                     if err.stop:
                         break
+                else:
+                    _observed(target, started, "")
+                    return response
         raise _all_failed(failures)
 
     @asynccontextmanager
@@ -269,6 +275,7 @@ class OpenAICompatibleClient:
             try:
                 return await self._attempt(http, target, body, key, router)
             except EndpointError as err:
+                runtime_observer().model_error(endpoint=target.name, kind=err.kind)
                 if err.kind == "transient":
                     failed.append(attempt)
                     if await self._opened_by_failures(admission, target):
@@ -459,6 +466,15 @@ async def _chunks(source: httpx2.EventSource, key: Secret | None) -> AsyncIterat
 
 class CircuitRefused(EndpointError):
     """The endpoint's open circuit refused the call: no request was sent."""
+
+
+def _refused(err: EndpointError) -> bool:
+    return isinstance(err, CircuitRefused)
+
+
+def _observed(target: EndpointConfig, started: float, error: str) -> None:
+    seconds = time.monotonic() - started
+    runtime_observer().model_call(endpoint=target.name, seconds=seconds, error=error)
 
 
 def _refusal(admission: CircuitAdmission, target: EndpointConfig) -> CircuitRefused:

@@ -10,6 +10,7 @@ from django.apps import apps as django_apps
 from rest_framework.test import APIClient
 
 from loops import db
+from orchestrator import wakeups
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from tests.support.phases import deselect_server_agnostic
@@ -22,6 +23,14 @@ PERSONAS: dict[str, tuple[Role, ...]] = {
     "viewer": (Role.VIEWER,),
     "outsider": (),
 }
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's test database; the live streams' wake-up hub (its own connection to the
+    database, ``orchestrator.wakeups``) is stopped before the database is dropped."""
+    yield
+    wakeups.hub_stop()
 
 
 @pytest.fixture

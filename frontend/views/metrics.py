@@ -1,4 +1,5 @@
-"""The Metrics page: a small, read-only summary of how the loops are doing."""
+"""The Metrics page (``/ui/metrics``): a small, read-only summary of how the loops are doing.
+``/metrics`` itself is the Prometheus exposition (``orchestrator/metrics_view.py``)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,13 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 
 from frontend.access import actor_of, can, ui_view
 from frontend.forms import ActionForm
 from frontend.selectors import patterns, runs
 from frontend.selectors.budgets import run_budget_sections
+from frontend.selectors.waterfall import run_waterfall
 from frontend.templatetags.ui import short_id
 from frontend.views.approvals import run_approvals
 from loops import state
@@ -114,6 +116,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "last_event_seq": events[-1].seq if events else 0,
         "last_step_seq": steps[-1].seq if steps else 0,
         "open_steps": ",".join(str(s.seq) for s in steps if s.status in runs.OPEN_STEP_STATUSES),
+        "waterfall": run_waterfall(run, timezone.now()),
     }
     return render(request, "frontend/runs/detail.html", context)
 

@@ -14,6 +14,7 @@ from typing import Any
 from loops.services.budget_rules import RunLimits
 from loops.services.transitions import Lease
 from orchestrator import sql as vendor
+from orchestrator import wakeups
 
 Statement = tuple[str, list[Any]]
 
@@ -41,7 +42,8 @@ def fence_limits_sql(
     expected = "" if steps_before is None else " AND step_count = %s"
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"event_seq = event_seq + %s, updated_at = {vendor.now_sql()}{release} "
+        f"event_seq = event_seq + %s, updated_at = {wakeups.touched_sql(vendor.now_sql())}"
+        f"{release} "
         f"WHERE id = %s AND lease_owner = %s AND lease_token = %s{expected} "
         f"RETURNING step_count, event_seq, {LIMIT_COLUMNS}"
     )
@@ -68,7 +70,7 @@ def fence_unchanged_sql(
     assert limits.fingerprint is not None
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"updated_at = {vendor.now_sql()}, model_call_token = NULL "
+        f"updated_at = {wakeups.touched_sql(vendor.now_sql())}, model_call_token = NULL "
         "WHERE id = %s AND lease_owner = %s AND lease_token = %s AND step_count = %s "
         "AND md5(COALESCE(policy_snapshot::text, '')) = %s "
         "AND md5(COALESCE((SELECT p.policy::text FROM loops_looppattern p "

@@ -30,6 +30,8 @@ from loops.services.locks import path_locks_sweep
 from loops.services.nudges import nudge_run
 from loops.services.transitions import Lease
 from loops.services.workspaces import workspaces_root
+from orchestrator import wakeups
+from orchestrator.metrics import RUNS_REAPED
 from orchestrator.sql import (
     fetch_all,
     is_postgres,
@@ -178,12 +180,13 @@ def run_claim(
     claims: list[Claimed] = []
     if db.batches_are_sent_together():
         claims = _claim_one_statement(owner, lease_seconds, limit, run_ids)
-        if len(claims) == limit:
-            return claims
-    # Runs the statement took are leased now: the exact path's candidates leave them out.
-    return claims + _claim_exact(
-        owner=owner, lease_seconds=lease_seconds, limit=limit - len(claims), run_ids=run_ids
-    )
+    if len(claims) < limit:
+        # Runs the statement took are leased now: the exact path's candidates leave them out.
+        claims += _claim_exact(
+            owner=owner, lease_seconds=lease_seconds, limit=limit - len(claims), run_ids=run_ids
+        )
+    wakeups.runs_changed([claim.lease.run_id for claim in claims])  # committed: live streams
+    return claims
 
 
 def _claim_one_statement(
@@ -323,6 +326,9 @@ def runs_reap(*, limit: int = 500) -> ReapReport:
         candidates = _expired_leases(limit)
     for run_id in candidates:
         _reap_one(run_id, report)
+    for outcome, reaped in (("requeued", report.requeued), ("failed", report.failed)):
+        if reaped:
+            RUNS_REAPED.labels(outcome=outcome).inc(len(reaped))
     report.locks_freed = path_locks_sweep()
     _renudge_stale_queued()
     return report

@@ -15,12 +15,16 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import transaction
+
+from loops import state
 from loops.models import RunStatus
 from loops.services import transitions
 from loops.services.approvals import approvals_withdraw
 from loops.services.breakers import breaker_record_outcome, breaker_summary
 from loops.services.locks import path_locks_release
 from loops.services.transitions import Lease, TransitionResult
+from orchestrator.metrics import RUNS_ENDED
 
 
 def run_end(*, run_id: uuid.UUID, pattern_id: int, actor: str, status: RunStatus) -> dict[str, Any]:
@@ -48,8 +52,9 @@ def run_transition(
     data: dict[str, Any] | None = None,
     fields: dict[str, Any] | None = None,
 ) -> TransitionResult:
-    """:func:`transitions.run_transition` for a caller whose transition may end the run."""
-    return transitions.run_transition(
+    """:func:`transitions.run_transition` for a caller whose transition may end the run; an
+    end is counted (``loopwright_runs_ended_total``) once it commits."""
+    result = transitions.run_transition(
         run_id=run_id,
         to=to,
         actor=actor,
@@ -60,3 +65,8 @@ def run_transition(
         fields=fields,
         on_end=run_end,
     )
+    if to in state.TERMINAL:
+        # The reason the row records (transitions._values falls back to the event type).
+        reason = str((fields or {}).get("terminal_reason") or event_type.replace(".", "_"))[:60]
+        transaction.on_commit(RUNS_ENDED.labels(status=to.value, reason=reason).inc)
+    return result

@@ -20,9 +20,12 @@ from loops.services.budgets import daily_exhaustion
 from loops.services.endings import run_transition
 from loops.services.nudges import nudge_run
 from loops.services.transitions import Lease, run_event_append
+from loops.span_models import new_trace_id
 from loops.templates import render_goal
+from orchestrator import wakeups
 from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict
+from orchestrator.tracecontext import TRACE_ID
 from runtime.invocation import LeaseLost
 
 
@@ -177,6 +180,7 @@ def run_trigger(
         max_attempts=policy.maxAttempts,
         event_seq=1,
         retry_of=retry_of,
+        trace_id=TRACE_ID.get() or new_trace_id(),  # the caller's traceparent, if any
     )
     data: dict[str, Any] = {
         "trigger": trigger_type,
@@ -197,6 +201,7 @@ def run_trigger(
     if probe:
         breaker_start_probe(pattern, run.id)
         run_event_append(run_id=run.id, type="breaker.probe", actor=actor, data={})
+    wakeups.run_changed(run.id)
     nudge_run(run.id)
     return run
 

@@ -29,6 +29,7 @@ from loops.services.step_records import (
     starts_plainly,
 )
 from loops.services.transitions import Lease, fence_touch_sql
+from orchestrator import wakeups
 from runtime.invocation import LeaseLost
 
 
@@ -107,6 +108,7 @@ def _invocation_begin_unchanged(
     )
     with db.batch() as batch:
         found = batch.add(*statement)
+        wakeups.notify_in(batch.add, lease.run_id)
     if not found.rows:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
     event_seq, started, steps, pattern_id, snapshot, pattern_policy, calls = found.rows[0]

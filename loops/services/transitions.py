@@ -29,6 +29,7 @@ from loops.orm_private import NeedsCompiler, set_clause, update_sql
 from loops.services.nudges import nudge_run
 from loops.services.waits import WAIT_ENDED_EVENT, WaitPoll, wait_poll, wait_summary
 from loops.state import TransitionRefused
+from orchestrator import wakeups
 from orchestrator.sql import fetch_all, now_sql, placeholders, uuid_param
 from runtime.invocation import LeaseLost
 
@@ -172,6 +173,7 @@ def _run_transition_batched(change: _Change) -> TransitionResult:
     assert change.lease is not None
     with db.batch() as batch:
         written = batch.add(*_transition_statement(change))
+        wakeups.notify_in(batch.add, change.run_id)
     if not written.rows:
         raise db.NotPlain
     current, seq = written.rows[0]
@@ -308,6 +310,7 @@ def _run_transition_exact(change: _Change) -> TransitionResult:
     if seq > row["event_seq"]:
         events.append(_event(change, current, seq, data))
     LoopEvent.objects.bulk_create(events)
+    wakeups.run_changed(run_id)
     if to == RunStatus.QUEUED:
         nudge_run(run_id)
     return TransitionResult(run_id=run_id, from_status=current, to_status=to.value, seq=seq)
@@ -372,6 +375,7 @@ def run_wait(
     values.update(wait=poll.record, event_seq=seq)
     LoopRun.objects.filter(pk=lease.run_id).update(**values)
     LoopEvent.objects.bulk_create(events)
+    wakeups.run_changed(lease.run_id)
     if to == RunStatus.QUEUED:
         nudge_run(lease.run_id)
     return poll
@@ -395,6 +399,7 @@ def run_wait_end(*, lease: Lease, ended_by: str) -> int | None:
         wait={}, event_seq=seq, updated_at=timezone.now()
     )
     _wait_ended(change, wait, seq, row["status"]).save(force_insert=True)
+    wakeups.run_changed(lease.run_id)
     return seq
 
 
@@ -404,7 +409,7 @@ def fence_touch_sql(
     """The statement of :func:`fenced_touch`, for a caller that sends it in a batch."""
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, event_seq = event_seq + %s, "
-        f"updated_at = {now_sql()} "
+        f"updated_at = {wakeups.touched_sql(now_sql())} "
         "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
         "RETURNING step_count, event_seq"
     )
@@ -444,6 +449,7 @@ def run_event_append(
         row = _lock_run(run_id)
         seq = row["event_seq"] + 1
         LoopRun.objects.filter(pk=run_id).update(event_seq=seq)
+        wakeups.run_changed(run_id)
     LoopEvent.objects.create(run_id=run_id, seq=seq, type=type, actor=actor, data=data)
     return seq
 

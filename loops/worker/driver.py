@@ -34,6 +34,7 @@ from loops.services.runs import runs_release_owner
 from loops.services.transitions import Lease
 from loops.worker.engine import drive_run, with_resume_steps
 from orchestrator.logcontext import RUN_ID
+from orchestrator.metrics import LEASE_LOSSES
 from runtime.invocation import LeaseLost, RoleInvoker
 from runtime.model_pool import close_http_pool, pool_http_connections
 
@@ -207,6 +208,7 @@ class RunDriver:
         try:
             await drive_run(self, claim)
         except LeaseLost:
+            LEASE_LOSSES.labels(where="driving").inc()
             logger.info("run %s: lease lost, another worker or a human took it", run_id)
         except asyncio.CancelledError:
             logger.info("run %s: driving cancelled", run_id)
@@ -291,6 +293,7 @@ class RunDriver:
         for run_id in set(held_ids) - still:
             task = self.tasks.get(run_id)
             if task is not None:
+                LEASE_LOSSES.labels(where="heartbeat").inc()
                 # Cancelled, paused or taken over: stop the model call and the tools at once.
                 logger.info("run %s: lease gone at heartbeat, cancelling its work", run_id)
                 task.cancel()

@@ -23,6 +23,7 @@ from loops.services import steps as step_services
 from loops.services.approvals import approval_authorize_execution
 from loops.services.harness_limits import HarnessLimits
 from loops.services.transitions import Lease
+from orchestrator.metrics import STEP_SECONDS
 from runtime.invocation import LoopRole, RecordedCall, StepRecord, ToolCallRefused
 
 T = TypeVar("T")
@@ -426,6 +427,8 @@ class DbJournal:
             "cost": cost,
             "duration_ms": duration_ms,
         }
+        if duration_ms is not None:
+            _step_observed(kind, response, duration_ms)
         await self.flush()
         self._tally("tokens", tokens_in + tokens_out)
         self._tally("cost", cost)
@@ -453,6 +456,12 @@ class DbJournal:
 #: it: a unit of toolCalls, tokens and cost not used up), and what a model call needs room in.
 _MODEL_CALL = {"tokens": 0, "cost": 0}
 _TOOL_CALL = {"toolCalls": 1, **_MODEL_CALL}
+
+
+def _step_observed(kind: str, response: Any, duration_ms: int) -> None:
+    """``loopwright_step_duration_seconds``, by the endpoint that answered a model step."""
+    endpoint = response.get("endpoint") if isinstance(response, dict) else None
+    STEP_SECONDS.labels(kind=kind, endpoint=str(endpoint or "")).observe(duration_ms / 1000)
 
 
 def _digest(name: str, request: dict[str, Any]) -> str:

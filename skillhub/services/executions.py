@@ -33,6 +33,7 @@ from jsonschema import Draft202012Validator
 
 from orchestrator import sql
 from orchestrator.errors import InvalidInput
+from orchestrator.metrics import SKILL_EXECUTIONS
 from orchestrator.queue import enqueue
 from runtime.egress_proxy import run_restricted
 from sandbox import (
@@ -303,13 +304,20 @@ def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | No
         missing = _packages_preflight(lease, execution, request)
         if missing:
             execution_fail(lease=lease, error=packages_missing_text(missing, execution.language))
-            return SkillExecution.objects.get(pk=execution_id)
+            return _finished(execution_id)
         result = _run_watched(lease, request, execution.allowed_hosts or ())
     except SandboxError as exc:
         execution_fail(lease=lease, error=f"{type(exc).__name__}: {exc}")
     else:
         execution_store(lease=lease, result=result)
-    return SkillExecution.objects.get(pk=execution_id)
+    return _finished(execution_id)
+
+
+def _finished(execution_id: uuid.UUID) -> SkillExecution:
+    """The execution as it ended, counted by its final status."""
+    execution = SkillExecution.objects.get(pk=execution_id)
+    SKILL_EXECUTIONS.labels(outcome=execution.status).inc()
+    return execution
 
 
 def _event(lease: ExecutionLease, type: ExecutionEventType, data: dict[str, Any]) -> bool:

@@ -81,7 +81,11 @@ def merged(path: str, *values: Any) -> Any:
         ("memory.enabled", (False, False), False),
         ("memory.scopes", ([], []), []),
         ("delegation.maxCount", (0, 0), 0),
-        ("observability.enabled", (False,), False),
+        ("observability.enabled", (True, False), False),
+        ("observability.tracingRetentionDays", (30, 2), 2),
+        ("observability.captureInputs", (True, False), False),
+        ("observability.captureOutputs", (False, True), False),
+        ("observability.redact", (["sk-\\w+"], ["[0-9]{16}"]), ["[0-9]{16}", "sk-\\w+"]),
     ],
 )
 def test_each_field_merges_most_restrictive_wins(
@@ -106,10 +110,6 @@ def raw(name: str, path: str, value: Any) -> Layer:
         ("delegation.maxDepth", (3, 1), 1),
         ("isolation.allowedConnectors", (["github"], ["jira"]), []),
         ("isolation.allowedConnectors", (["*"], ["jira"]), ["jira"]),
-        ("observability.enabled", (False, True), True),
-        ("observability.captureInputs", (True, False), False),
-        ("observability.captureOutputs", (False, True), False),
-        ("observability.tracingRetentionDays", (90, 30), 30),
     ],
 )
 def test_the_rules_of_features_not_built_yet_still_merge_most_restrictive_wins(
@@ -125,7 +125,7 @@ def test_the_rules_of_features_not_built_yet_still_merge_most_restrictive_wins(
 def test_the_platform_keeps_every_feature_not_built_yet_off() -> None:
     values = harness_compile([platform()]).values
     off = {p: v for p, v in values.items() if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT}
-    assert len(off) == 7  # memory 3, observability 4
+    assert len(off) == 3  # memory 3
     assert all(value in (False, 0, frozenset()) for value in off.values()), off
 
 
@@ -135,8 +135,8 @@ def test_booleans_that_grant_combine_with_and_and_booleans_that_require_with_or(
         "memory.enabled": "and (a capability)",
         "observability.captureInputs": "and (a capability)",
         "observability.captureOutputs": "and (a capability)",
+        "observability.enabled": "and (a capability)",
         "isolation.requireWorktree": "or (a requirement)",
-        "observability.enabled": "or (a requirement)",
     }
 
 

@@ -72,10 +72,11 @@ layer_data = section(
         ),
     ),
     observability=section(
-        enabled=st.just(False),
-        tracingRetentionDays=st.just(0),
-        captureInputs=st.just(False),
-        captureOutputs=st.just(False),
+        enabled=st.booleans(),
+        tracingRetentionDays=small,
+        captureInputs=st.booleans(),
+        captureOutputs=st.booleans(),
+        redact=st.lists(st.sampled_from([r"sk-\w+", "password=\\S+", "[0-9]{16}"]), max_size=3),
     ),
 )
 #: The value range the merge rules of features not built yet handle (the schema refuses all but
@@ -92,10 +93,6 @@ not_built_data = st.fixed_dictionaries(
         "isolation.allowedConnectors": st.lists(
             st.sampled_from(["github", "jira", "*"]), max_size=3
         ),
-        "observability.enabled": st.booleans(),
-        "observability.tracingRetentionDays": small,
-        "observability.captureInputs": st.booleans(),
-        "observability.captureOutputs": st.booleans(),
     },
 )
 layer_lists = st.lists(layer_data, max_size=5)
@@ -120,9 +117,14 @@ INTERSECTED = {
     "isolation.allowedConnectors",
     "isolation.allowedHosts",
 }
-UNIONED = {"tools.ask", "tools.deny", "paths.deny"}
-CAPABILITIES = {"memory.enabled", "observability.captureInputs", "observability.captureOutputs"}
-REQUIREMENTS = {"isolation.requireWorktree", "observability.enabled"}
+UNIONED = {"tools.ask", "tools.deny", "paths.deny", "observability.redact"}
+CAPABILITIES = {
+    "memory.enabled",
+    "observability.enabled",
+    "observability.captureInputs",
+    "observability.captureOutputs",
+}
+REQUIREMENTS = {"isolation.requireWorktree"}
 RANKS = {
     "isolation.mode": {"worktree": 0, "none": 1},
     "isolation.networkAccess": {"deny": 0, "restricted": 1, "allow": 2},

@@ -134,6 +134,7 @@ def test_what_only_adds_is_never_listed(profile: dict[str, Any], run: dict[str, 
         "tools.deny",
         "tools.effects",
         "paths.deny",
+        "observability.redact",
     }
 
 

@@ -58,18 +58,14 @@ FULL_LAYER: dict[str, Any] = {
         "captureOutputs": False,
     },
 }
-"""Every field stated: the features not built yet (memory, observability) at the
-only value the schema accepts for them, "off"; delegation (sub-agents) off too."""
+"""Every field stated: memory (not built yet) at the only value the schema accepts for it,
+"off"; delegation (sub-agents) and observability (spans) off too."""
 
 #: A value asking for more than "off", for every field of a feature not built yet.
 NOT_OFF: dict[str, Any] = {
     "memory.enabled": True,
     "memory.scopes": ["public"],
     "memory.maxChars": 1,
-    "observability.enabled": True,
-    "observability.tracingRetentionDays": 7,
-    "observability.captureInputs": True,
-    "observability.captureOutputs": True,
 }
 
 
@@ -269,8 +265,12 @@ def test_the_json_schema_is_valid_draft_2020_12_and_strict() -> None:
         {"isolation": {"allowedConnectors": ["github", "*"]}},
         # delegation binds (sub-agents): more than "off" is accepted
         {"delegation": {"maxDepth": 1, "maxCount": 3, "allowedEmployees": ["alice", "*"]}},
+        # observability binds (spans): more than "off" is accepted
         {"observability": {"tracingRetentionDays": 7}},
-        {"observability": {"captureOutputs": True}},
+        {"observability": {"captureOutputs": True, "enabled": True}},
+        {"observability": {"enabled": "yes"}},
+        {"observability": {"redact": ["sk-[A-Za-z0-9]+"]}},
+        {"observability": {"redact": [""]}},
     ],
 )
 def test_the_json_schema_agrees_with_the_validator(data: dict[str, Any]) -> None:
@@ -389,3 +389,11 @@ def test_bad_path_globs_file_limits_and_hosts_are_refused(
     data: dict[str, Any], pointer: str
 ) -> None:
     assert pointers(data) == [pointer]
+
+
+def test_a_redaction_pattern_must_be_a_regular_expression() -> None:
+    problems = settings_problems({"observability": {"redact": ["sk-\\w+", "(unclosed"]}})
+    assert [(p["pointer"], p["code"]) for p in problems] == [
+        ("/observability/redact/1", "invalid_pattern")
+    ]
+    assert problems[0]["detail"].startswith("not a regular expression: missing ), unterminated")

@@ -93,7 +93,14 @@ def test_the_seeded_profiles_leave_what_is_not_built_off() -> None:
         # Sub-agents (delegation) are built: the platform's ceiling applies.
         assert settings["delegation"] == {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 10}
         assert settings["isolation"]["allowedConnectors"] == []
-        assert settings["observability"]["enabled"] is False
+        # Spans are built: the platform records them, kept 30 days, with inputs and outputs.
+        assert settings["observability"] == {
+            "enabled": True,
+            "tracingRetentionDays": 30,
+            "captureInputs": True,
+            "captureOutputs": True,
+            "redact": [],
+        }
 
 
 # --- Creation -----------------------------------------------------------------------------------

@@ -72,8 +72,7 @@ HOLDERS: dict[str, frozenset[str]] = {
 }
 READ = {"GET": VIEWER}
 RIGHTS: dict[str, dict[str, str]] = {
-    "healthz": {"GET": PUBLIC},
-    "readyz": {"GET": PUBLIC},
+    **{probe: {"GET": PUBLIC} for probe in ("healthz", "readyz", "metrics")},  # metrics: no token
     "schema": {"GET": PUBLIC},
     "api-docs": {"GET": PUBLIC},
     "api-redoc": {"GET": PUBLIC},
@@ -97,6 +96,7 @@ RIGHTS: dict[str, dict[str, str]] = {
     "run-events": READ,
     "run-steps": READ,
     "run-artifacts": READ,
+    "run-spans": READ,
     **{f"run-{a}": {"POST": OPERATOR} for a in ("pause", "resume", "cancel", "escalate")},
     "run-accept": {"POST": OPERATOR},
     "run-retry": {"POST": OPERATOR},

@@ -82,8 +82,8 @@ def test_the_metrics_page_shows_the_figures_to_any_role(client_as: ClientAs) -> 
         run=run, seq=1, role="leader", invocation="leader", kind="model", status="completed",
         tokens_in=1200, tokens_out=34, cost=Decimal("0.5"),
     )  # fmt: skip
-    page = html(client_as("viewer").get("/metrics?days=30"))
-    assert 'aria-current="page"' in page.split('href="/metrics"')[1][:40]
+    page = html(client_as("viewer").get("/ui/metrics?days=30"))
+    assert 'aria-current="page"' in page.split('href="/ui/metrics"')[1][:40]
     runs_table = page.split('id="runs-by-status"')[1].split("</table>")[0]
     assert "succeeded" in runs_table and '<td class="num">1</td>' in runs_table
     waits = page.split('id="approval-waits"')[1].split("</dl>")[0]
@@ -94,7 +94,7 @@ def test_the_metrics_page_shows_the_figures_to_any_role(client_as: ClientAs) -> 
 
 
 def test_the_metrics_page_has_empty_states_and_ignores_a_bad_window(client_as: ClientAs) -> None:
-    page = html(client_as("viewer").get("/metrics?days=abc"))
+    page = html(client_as("viewer").get("/ui/metrics?days=abc"))
     assert "No runs in this window." in page and "No model steps in this window." in page
     assert "selected>last 14 days" in page
 

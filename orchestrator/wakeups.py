@@ -1,0 +1,276 @@
+"""Wake-ups for live streams: writers announce that a run changed, streams sleep until then.
+
+Writers queue ``pg_notify('loopwright_runs', <run id>)`` with the statements of the write
+(:func:`touched_sql` folds it into the run row's ``UPDATE`` a write makes anyway, the step
+path's fence; :func:`notify_in` adds it to a batch; :func:`run_changed` runs it inside an atomic
+block): PostgreSQL delivers
+it when the transaction commits and drops it when it rolls back, so a woken stream always finds
+the write. On SQLite both do nothing (the embedded default keeps its short poll).
+
+One :class:`Hub` per process (a daemon thread, started by the first stream that asks) holds a
+dedicated connection that ``LISTEN``\\s on the channel and wakes the waiters subscribed to the
+run's topic (:func:`run_topic`) and to :data:`ANY_RUN`. While it is not listening (starting,
+reconnecting after an error) streams poll; once it listens again every waiter is woken, because
+notifications sent in between were lost. The listening connection is checked with ``SELECT 1``
+every :data:`CHECK_SECONDS` (a connection that died quietly would otherwise look idle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+from orchestrator.sql import is_postgres
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "loopwright_runs"
+NOTIFY_SQL = "SELECT pg_notify(%s, %s)"
+#: The topic of streams that follow every run (the monitor, the approvals queue).
+ANY_RUN = "runs"
+#: How often the listening connection proves it is alive.
+CHECK_SECONDS = 30.0
+#: The longest the hub waits before reconnecting after an error.
+MAX_BACKOFF_SECONDS = 5.0
+
+
+def run_topic(run_id: uuid.UUID | str) -> str:
+    return f"run:{run_id}"
+
+
+# --- writers -----------------------------------------------------------------------------------
+
+
+def notify_in(add: Callable[[str, Sequence[Any]], Any], run_id: uuid.UUID) -> None:
+    """Queue the run's notification with a batch's statements (``add`` is the batch's): it goes
+    in the same round trip and fires when the batch commits. Nothing on SQLite."""
+    if is_postgres():
+        add(NOTIFY_SQL, [CHANNEL, str(run_id)])
+
+
+def touched_sql(now: str, run_id_column: str = "loops_looprun.id") -> str:
+    """A run row's new ``updated_at`` for the SET clause of an UPDATE of runs, announcing each
+    run the UPDATE changes (PostgreSQL: ``pg_notify`` evaluated for every row it writes, so a
+    fence that matches nothing announces nothing, and the write needs no statement more);
+    ``now`` elsewhere."""
+    if not is_postgres():
+        return now
+    return f"(SELECT {now} FROM pg_notify('{CHANNEL}', CAST({run_id_column} AS TEXT)))"  # noqa: S608 (constants)
+
+
+def run_changed(run_id: uuid.UUID) -> None:
+    """Announce a change of the run from inside the writer's transaction (one statement; it
+    fires on commit). Nothing on SQLite."""
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(NOTIFY_SQL, [CHANNEL, str(run_id)])
+
+
+def runs_changed(run_ids: Sequence[uuid.UUID]) -> None:
+    """:func:`run_changed` for several runs in one statement."""
+    if is_postgres() and run_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, r) FROM unnest(%s::text[]) AS r",
+                [CHANNEL, [str(run_id) for run_id in run_ids]],
+            )
+
+
+# --- waiters ------------------------------------------------------------------------------------
+
+
+class Waiter:
+    """One stream's wake-up flag for its topics; :meth:`wake` is called from the hub's thread.
+    ``early`` waiters are woken before the others (a cache its streams read through must
+    know of the change before they read)."""
+
+    early = False
+
+    def __init__(self, topics: frozenset[str]) -> None:
+        self.topics = topics
+
+    def wake(self) -> None:
+        raise NotImplementedError
+
+
+class CountingWaiter(Waiter):
+    """Counts its wake-ups (``woken``), for a cache that re-reads when the count moved."""
+
+    early = True
+
+    def __init__(self, topics: frozenset[str]) -> None:
+        super().__init__(topics)
+        self.woken = 0
+
+    def wake(self) -> None:
+        self.woken += 1
+
+
+class ThreadWaiter(Waiter):
+    """For a stream served in its own thread (WSGI)."""
+
+    def __init__(self, topics: frozenset[str]) -> None:
+        super().__init__(topics)
+        self.event = threading.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """True when woken (the flag is cleared), False when ``timeout`` passed first."""
+        woken = self.event.wait(max(0.0, timeout))
+        self.event.clear()
+        return woken
+
+
+class AsyncWaiter(Waiter):
+    """For a stream served on an event loop (ASGI); made on that loop."""
+
+    def __init__(self, topics: frozenset[str]) -> None:
+        super().__init__(topics)
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.event.wait(), max(0.0, timeout))
+        except TimeoutError:
+            return False
+        self.event.clear()
+        return True
+
+
+# --- the hub ------------------------------------------------------------------------------------
+
+
+class Hub:
+    """This process's listener: one connection, one thread, every waiter."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[Waiter]] = {}
+        self._listening = threading.Event()
+        self._stopping = threading.Event()
+        self.notifications = 0
+        self.thread = threading.Thread(target=self._run, name="loopwright-wakeups", daemon=True)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
+
+    def wait_listening(self, timeout: float) -> bool:
+        return self._listening.wait(timeout)
+
+    def subscribe(self, waiter: Waiter) -> None:
+        with self._lock:
+            for topic in waiter.topics:
+                self._waiters.setdefault(topic, set()).add(waiter)
+
+    def unsubscribe(self, waiter: Waiter) -> None:
+        with self._lock:
+            for topic in waiter.topics:
+                waiters = self._waiters.get(topic)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[topic]
+
+    def waiting(self) -> int:
+        """How many waiters are subscribed (each counted once)."""
+        with self._lock:
+            return len({w for waiters in self._waiters.values() for w in waiters})
+
+    def wake(self, run_id: str) -> None:
+        """Wake the waiters of the run and those of every run (the early ones first)."""
+        with self._lock:
+            woken = set(self._waiters.get(run_topic(run_id), ()))
+            woken |= self._waiters.get(ANY_RUN, set())
+        for waiter in sorted(woken, key=lambda w: not w.early):
+            waiter.wake()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            woken = {w for waiters in self._waiters.values() for w in waiters}
+        for waiter in sorted(woken, key=lambda w: not w.early):
+            waiter.wake()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                self._listen()
+                backoff = 0.1
+            except Exception:
+                logger.warning("live stream wake-ups: listener failed; reconnecting", exc_info=True)
+            self._listening.clear()
+            self._stopping.wait(backoff)
+            backoff = min(MAX_BACKOFF_SECONDS, backoff * 2)
+
+    def _listen(self) -> None:
+        with psycopg.connect(**self.params, autocommit=True) as listener:
+            listener.execute(f"LISTEN {CHANNEL}")
+            self._listening.set()
+            self._wake_all()  # whatever was announced while nobody listened
+            checked = time.monotonic()
+            while not self._stopping.is_set():
+                for notice in listener.notifies(timeout=1.0):
+                    self.notifications += 1
+                    self.wake(notice.payload)
+                if time.monotonic() - checked >= CHECK_SECONDS:
+                    listener.execute("SELECT 1")
+                    checked = time.monotonic()
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def _listener_params() -> dict[str, Any]:
+    """The default database's connection parameters, as Django would connect, without the
+    options that only Django's own cursor understands."""
+    params = dict(connections[DEFAULT_DB_ALIAS].get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    return params
+
+
+def hub_stop() -> None:
+    """Stop this process's hub and close its connection (tests, before their database is
+    dropped); the next stream starts a new one."""
+    global _hub
+    with _hub_lock:
+        stopping, _hub = _hub, None
+    if stopping is not None:
+        stopping.stop()
+
+
+def hub() -> Hub | None:
+    """This process's hub, started on first use; None where there is none (SQLite)."""
+    global _hub
+    if _hub is not None:  # the common case, without a lock or a connection lookup
+        return _hub
+    if not is_postgres():
+        return None
+    with _hub_lock:
+        if _hub is None:
+            _hub = Hub(_listener_params())
+            _hub.thread.start()
+        return _hub
