@@ -27,7 +27,7 @@ import bisect
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -36,7 +36,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -46,7 +46,7 @@ from loops.serializers import EventSerializer
 from orchestrator import sse, wakeups
 from orchestrator.accounts.permissions import IsViewer
 from orchestrator.pagination import bounded_int
-from orchestrator.sse import Message
+from orchestrator.sse import EventStreamRenderer, Message
 
 STEP_FIELDS = (
     "seq",
@@ -389,34 +389,17 @@ _STREAM_EVENT: dict[str, Any] = {
 }
 
 
-class RunStreamRenderer(BaseRenderer):
-    """Lets DRF's content negotiation accept ``Accept: text/event-stream``; the stream itself is
-    a StreamingHttpResponse, only refusals pass through here (as an ``error`` event)."""
-
-    media_type = "text/event-stream"
-    format = "sse"
-    charset = "utf-8"
-
-    def render(
-        self,
-        data: Any,
-        accepted_media_type: str | None = None,
-        renderer_context: Mapping[str, Any] | None = None,
-    ) -> bytes:
-        return Message("error", data if isinstance(data, dict) else {"detail": data}).encode()
-
-
 class RunStreamView(APIView):
     """A run's events, steps and state as server-sent events, live while it runs."""
 
     permission_classes = [IsViewer]
-    renderer_classes = [JSONRenderer, RunStreamRenderer]
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         """A refusal rendered as an ``error`` event (a client that accepts only
         ``text/event-stream``) says so in its content type; problem+json otherwise."""
         response = super().finalize_response(request, response, *args, **kwargs)
-        if isinstance(getattr(request, "accepted_renderer", None), RunStreamRenderer):
+        if isinstance(getattr(request, "accepted_renderer", None), EventStreamRenderer):
             response.content_type = "text/event-stream; charset=utf-8"
         return response
 

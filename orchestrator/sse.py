@@ -28,7 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
+from rest_framework.renderers import BaseRenderer
 
 from orchestrator import wakeups
 
@@ -388,3 +389,21 @@ def event_stream(
 def last_event_id(request: HttpRequest, fallback_param: str) -> str:
     """The client's ``Last-Event-ID`` header, else the ``fallback_param`` query parameter."""
     return request.headers.get("Last-Event-ID") or request.GET.get(fallback_param, "")
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets DRF's content negotiation accept ``Accept: text/event-stream`` (what EventSource
+    sends); a stream itself is a StreamingHttpResponse, only refusals pass through here, as
+    an ``error`` event."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+    charset = "utf-8"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        return Message("error", data if isinstance(data, dict) else {"detail": data}).encode()

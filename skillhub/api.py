@@ -25,6 +25,7 @@ from orchestrator.accounts.actors import request_actor
 from orchestrator.accounts.permissions import IsOperator, IsViewer, ReadOrOperator
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.pagination import bounded_int
+from orchestrator.sse import EventStreamRenderer
 from skillhub.catalog import TEMPLATES
 from skillhub.models import (
     TOOL_NAME_PATTERN,
@@ -53,7 +54,7 @@ from skillhub.services.events import EVENTS_PAGE, events_after
 from skillhub.services.executions import execution_request, execution_wait
 from skillhub.services.gitimport import git_list_skills, git_sync_skills
 from skillhub.services.skills import skill_create, skill_delete, skill_update
-from skillhub.streams import EventStreamRenderer, execution_event_stream
+from skillhub.streams import execution_event_stream
 
 _PROBLEM = OpenApiResponse(description="application/problem+json")
 #: One server-sent event of an execution's stream (the schema applies to each event).

@@ -13,34 +13,15 @@ the stream early.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpRequest, StreamingHttpResponse
-from rest_framework.renderers import BaseRenderer
 
 from orchestrator.sse import Message, event_stream
 from skillhub.models import FINISHED_STATUSES, SkillExecution, SkillExecutionEvent
 from skillhub.services.events import EVENTS_PAGE, events_after
 
 _FINISHED = frozenset(s.value for s in FINISHED_STATUSES)
-
-
-class EventStreamRenderer(BaseRenderer):
-    """Lets DRF's content negotiation accept ``Accept: text/event-stream`` (what EventSource
-    sends); the stream itself is a StreamingHttpResponse, only errors pass through here."""
-
-    media_type = "text/event-stream"
-    format = "sse"
-    charset = "utf-8"
-
-    def render(
-        self,
-        data: Any,
-        accepted_media_type: str | None = None,
-        renderer_context: Mapping[str, Any] | None = None,
-    ) -> bytes:
-        return Message("error", data if isinstance(data, dict) else {"detail": data}).encode()
 
 
 def event_data(event: SkillExecutionEvent) -> dict[str, Any]:

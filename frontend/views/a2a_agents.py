@@ -17,10 +17,8 @@ from connectors.a2a_serializers import A2AAgentSerializer
 from connectors.a2a_services import a2a_agent_create, a2a_agent_get, a2a_agent_refresh
 from connectors.models import MAX_SERVER_NAME, MAX_TIMEOUT_SECONDS, A2AAgent, AgentEffect
 from frontend.access import can, ui_view
-from frontend.forms import add_service_errors
-from frontend.views.connectors import header_lines
+from frontend.views.connectors import header_lines, header_rows, registered
 from orchestrator.accounts.roles import Role
-from orchestrator.errors import DomainError, InvalidInput
 
 
 class A2AAgentForm(forms.Form):
@@ -69,19 +67,11 @@ def a2a_agent_list(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _list_page(request, A2AAgentForm())
     form = A2AAgentForm(request.POST)
-    if form.is_valid():
-        try:
-            agent = a2a_agent_create(**form.cleaned_data)
-        except DomainError as exc:
-            errors = exc.extra.get("errors") if isinstance(exc, InvalidInput) else None
-            if errors:
-                add_service_errors(form, errors, "card_url")
-            else:
-                form.add_error(None, exc.detail)
-        else:
-            _report(request, agent)
-            return redirect("ui:a2a-agent", name=agent.name)
-    return _list_page(request, form, status=400)
+    agent = registered(form, a2a_agent_create, "card_url")
+    if agent is None:
+        return _list_page(request, form, status=400)
+    _report(request, agent)
+    return redirect("ui:a2a-agent", name=agent.name)
 
 
 def _report(request: HttpRequest, agent: A2AAgent) -> None:
@@ -94,12 +84,10 @@ def _report(request: HttpRequest, agent: A2AAgent) -> None:
 @ui_view()
 def a2a_agent_detail(request: HttpRequest, name: str) -> HttpResponse:
     agent: dict[str, Any] = A2AAgentSerializer(a2a_agent_get(name)).data
-    configured = agent["headers_configured"]
-    rows = [(h, v, configured.get(h, False)) for h, v in (agent["headers"] or {}).items()]
     card = agent["card"] or {}
     context = {
         "agent": agent,
-        "header_rows": rows,
+        "header_rows": header_rows(agent),
         "skills": card.get("skills") or [],
         "streaming": bool((card.get("capabilities") or {}).get("streaming")),
         "can_refresh": can(request.user, Role.ADMIN),

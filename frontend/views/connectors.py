@@ -6,7 +6,8 @@ that holds each, and whether it is set. Writes go through ``connectors.services`
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import messages
@@ -20,6 +21,8 @@ from frontend.access import can, ui_view
 from frontend.forms import add_service_errors
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError, InvalidInput
+
+T = TypeVar("T")
 
 
 def header_lines(text: str) -> dict[str, str]:
@@ -80,19 +83,33 @@ def connector_list(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _list_page(request, McpServerForm())
     form = McpServerForm(request.POST)
-    if form.is_valid():
-        try:
-            server = mcp_server_create(**form.cleaned_data)
-        except DomainError as exc:
-            errors = exc.extra.get("errors") if isinstance(exc, InvalidInput) else None
-            if errors:
-                add_service_errors(form, errors, "url")
-            else:
-                form.add_error(None, exc.detail)
+    server = registered(form, mcp_server_create, "url")
+    if server is None:
+        return _list_page(request, form, status=400)
+    _report(request, server)
+    return redirect("ui:connector", name=server.name)
+
+
+def registered(form: forms.Form, create: Callable[..., T], url_field: str) -> T | None:
+    """What ``create`` registers from a valid ``form``; None when the form or the service
+    refused it (the service's problems are put at their fields, a URL's at ``url_field``)."""
+    if not form.is_valid():
+        return None
+    try:
+        return create(**form.cleaned_data)
+    except DomainError as exc:
+        errors = exc.extra.get("errors") if isinstance(exc, InvalidInput) else None
+        if errors:
+            add_service_errors(form, errors, url_field)
         else:
-            _report(request, server)
-            return redirect("ui:connector", name=server.name)
-    return _list_page(request, form, status=400)
+            form.add_error(None, exc.detail)
+        return None
+
+
+def header_rows(registration: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """``(header, environment variable, whether it is set)`` of a serialized registration."""
+    configured = registration["headers_configured"]
+    return [(h, v, configured.get(h, False)) for h, v in (registration["headers"] or {}).items()]
 
 
 def _report(request: HttpRequest, server: McpServer) -> None:
@@ -105,8 +122,7 @@ def _report(request: HttpRequest, server: McpServer) -> None:
 @ui_view()
 def connector_detail(request: HttpRequest, name: str) -> HttpResponse:
     server: dict[str, Any] = McpServerSerializer(mcp_server_get(name)).data
-    configured = server["headers_configured"]
-    rows = [(h, v, configured.get(h, False)) for h, v in (server["headers"] or {}).items()]
+    rows = header_rows(server)
     context = {"server": server, "header_rows": rows, "can_refresh": can(request.user, Role.ADMIN)}
     return render(request, "frontend/connectors/detail.html", context)
 
