@@ -20,7 +20,7 @@ from skillhub.models import Skill, SkillExecution
 from skillhub.services.access import Caller
 from skillhub.services.executions import execution_request, execution_run
 
-pytestmark = [pytest.mark.django_db, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 EMPTY = {"type": "object", "properties": {}}
 
 

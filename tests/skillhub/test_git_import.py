@@ -228,6 +228,9 @@ def test_a_symlink_in_the_repository_never_reads_a_host_file(
     assert "root:" not in response.content.decode()
 
 
+# Transactional: the execution's progress thread writes on a connection of its own, which an
+# open test transaction would hold off (SQLite's lock) until its busy timeout.
+@pytest.mark.django_db(transaction=True)
 def test_an_imported_skill_runs_with_its_folder_files(operator_client: APIClient, url: str) -> None:
     sync(operator_client, url, apply=True)
     skill = Skill.objects.get(tool_name="word_count")

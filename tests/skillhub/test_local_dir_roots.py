@@ -23,7 +23,7 @@ from skillhub.services.executions import execution_request, execution_run
 from skillhub.services.localdir import SETTING, local_dir_files, parse_local_roots
 from tests.support.workers import ROOT
 
-pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 PROBLEM = "application/problem+json"
 EMPTY = {"type": "object", "properties": {}}
 READS_HELPER = (

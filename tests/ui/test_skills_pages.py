@@ -25,7 +25,9 @@ from skillhub.services.executions import execution_request, execution_run
 from skillhub.services.skills import skill_create
 from tests.conftest import PERSONAS
 
-pytestmark = pytest.mark.django_db
+# Transactional: a skill execution's progress thread writes on a connection of its own, which an
+# open test transaction would hold off (SQLite's lock) until its busy timeout.
+pytestmark = pytest.mark.django_db(transaction=True)
 ClientAs = Callable[[str], Client]
 
 NUMBERS = {
