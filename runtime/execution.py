@@ -237,7 +237,10 @@ class StepExecutor:
                     results[index] = content
         return Settlement(results, gated)
 
-    def _request(self, entry: ModelEntry, planned: PlannedCall, arguments: Any) -> dict[str, Any]:
+    def _request(
+        self, entry: ModelEntry, planned: PlannedCall, arguments: Any, tool: Tool | None = None
+    ) -> dict[str, Any]:
+        """The step's request; ``tool`` is the planned tool when the caller has looked it up."""
         request = {
             "model_seq": entry.seq,
             "index": planned.index,
@@ -245,7 +248,8 @@ class StepExecutor:
             "arguments": arguments,
             "disposition": str(planned.disposition),
         }
-        tool = self.toolset.registry.get(planned.tool) if planned.tool else None
+        if tool is None and planned.tool:
+            tool = self.toolset.registry.get(planned.tool)
         if tool is not None:  # the declared tier, for the call's span (docs/observability.md)
             request["effect"] = str(tool.spec.effect)
         if planned.repairs:
@@ -290,7 +294,7 @@ class StepExecutor:
             tool is not None
             and tool.spec.effect == Effect.READ
             and self.journal.runs_first(
-                planned.tool, self._request(entry, planned, planned.arguments)
+                planned.tool, self._request(entry, planned, planned.arguments, tool)
             )
         ):
             return await self._run_read(entry, planned, tool)
@@ -301,7 +305,7 @@ class StepExecutor:
             seq = await self.journal.begin(
                 kind="tool",
                 name=planned.tool,
-                request=self._request(entry, planned, planned.arguments),
+                request=self._request(entry, planned, planned.arguments, tool),
                 idempotency_key=key,
             )
         except ToolCallRefused as refused:  # run policy: persisted with this result, not run
@@ -337,7 +341,7 @@ class StepExecutor:
                 seq = await self.journal.begin(
                     kind="tool",
                     name=planned.tool,
-                    request=self._request(entry, planned, arguments),
+                    request=self._request(entry, planned, arguments, tool),
                     idempotency_key=key,
                 )
             except ToolCallRefused as refused:
@@ -347,7 +351,7 @@ class StepExecutor:
         try:
             recorded = await self.journal.record_call(
                 name=planned.tool,
-                request=self._request(entry, planned, arguments),
+                request=self._request(entry, planned, arguments, tool),
                 idempotency_key=key,
                 response=shown.response(),
                 error=shown.error,
