@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,9 @@ class SideEffectInvoker(NothingToPrepare):
             if seq is None:
                 seq = await journal.begin(kind="tool", name="side_effect", request={"i": i})
             key = journal.idempotency_key(seq)
-            await _maybe_hold(request, i, seq, key)
-            applied = await asyncio.to_thread(_record_and_close, key, str(request.run_id))
+            # One thread holds (when asked) and applies: an effect under way is not undone by
+            # the driver cancelling this coroutine, just as a real request already sent is not.
+            applied = await asyncio.to_thread(_hold_then_record, request, i, seq, key)
             await asyncio.sleep(self.sleep)
             await journal.complete(seq, response={"applied": applied, "key": key})
         return InvocationOutcome(kind=OutcomeKind.COMPLETED, output=self._output(request.role))
@@ -107,7 +109,7 @@ class SideEffectInvoker(NothingToPrepare):
         return {"summary": "done"}
 
 
-async def _maybe_hold(request: InvocationRequest, i: int, seq: int, key: str) -> None:
+def _maybe_hold(request: InvocationRequest, i: int, seq: int, key: str) -> None:
     """Pause once per run just before one chosen side effect, so a test can freeze the worker
     (SIGSTOP) in the window between "step persisted as started" and "effect applied".
 
@@ -128,11 +130,12 @@ async def _maybe_hold(request: InvocationRequest, i: int, seq: int, key: str) ->
         return  # another worker already held this run once
     finally:
         os.unlink(tmp)
-    await asyncio.sleep(float(os.environ.get("LW_TEST_HOLD_SECONDS", "3")))
+    time.sleep(float(os.environ.get("LW_TEST_HOLD_SECONDS", "3")))
 
 
-def _record_and_close(key: str, run_id: str) -> bool:
+def _hold_then_record(request: InvocationRequest, i: int, seq: int, key: str) -> bool:
     try:
-        return record_side_effect(key, run_id)
+        _maybe_hold(request, i, seq, key)
+        return record_side_effect(key, str(request.run_id))
     finally:
         connection.close()
