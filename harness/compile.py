@@ -176,6 +176,7 @@ RULES: dict[str, Rule] = {
     "observability.captureInputs": _AND,
     "observability.captureOutputs": _AND,
     "observability.redact": _UNION,
+    "observability.samplingRate": _minimum("observability.samplingRate"),
 }
 """Every leaf field of the settings, by ``section.key`` path (the provenance keys)."""
 

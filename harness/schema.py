@@ -66,6 +66,7 @@ NUMBER_MAXIMA: dict[str, int | float] = {
     "limits.modelRetryWindowMs": 7 * 24 * 3600 * 1000,
     "paths.maxFiles": 1_000_000,
     "observability.tracingRetentionDays": 3650,
+    "observability.samplingRate": 1.0,
 }
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
@@ -142,6 +143,7 @@ MaxTokens = Annotated[int, _bounded("limits.maxTokens")]
 MaxCost = Annotated[float, _bounded("limits.maxCost"), Field(allow_inf_nan=False)]
 ModelRetryWindowMs = Annotated[int, _bounded("limits.modelRetryWindowMs")]
 RetentionDays = Annotated[int, _bounded("observability.tracingRetentionDays")]
+SamplingRate = Annotated[float, _bounded("observability.samplingRate"), Field(allow_inf_nan=False)]
 MemoryEnabled = Annotated[bool, _only_off("memory.enabled", False, "false"), _off_schema(False)]
 MemoryScopes = Annotated[Scopes, _only_off("memory.scopes", [], "[]"), _off_schema([])]
 Delegates = Usernames
@@ -298,6 +300,11 @@ class ObservabilityLayer(_Strict):
         description="Regular expressions whose matches in a span's captured input and output "
         'are replaced by "***" before they are stored or exported.',
     )
+    sampling_rate: Opt[SamplingRate] = Field(
+        None,
+        description="Fraction of runs (0.0-1.0, by trace id) whose spans for this role are "
+        "recorded, shown and exported; the others have none.",
+    )
 
 
 class HarnessLayer(_Strict):
@@ -366,6 +373,8 @@ class ObservabilitySettings(_Strict):
     capture_inputs: CaptureInputs
     capture_outputs: CaptureOutputs
     redact: RedactPatterns
+    # Snapshots compiled before sampling existed recorded every run.
+    sampling_rate: SamplingRate = 1.0
 
 
 class HarnessSettings(_Strict):
@@ -413,6 +422,7 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
         "captureInputs": True,
         "captureOutputs": True,
         "redact": [],
+        "samplingRate": 1.0,
     },
 }
 """Platform ceilings when ``settings.LOOPWRIGHT_HARNESS_PLATFORM`` does not override them:

@@ -26,6 +26,7 @@ OFF = {
     "captureInputs": False,
     "captureOutputs": False,
     "redact": [],
+    "samplingRate": 1.0,
 }
 MASK = "***"
 _STEP_STATUS = {"completed": "ok", "failed": "error", "started": "running", "approved": "running"}
@@ -111,13 +112,26 @@ def observed(run: RunFacts, role: str, invocation: str) -> Observed:
     settings = snap.get("settings") or {}
     section = {**OFF, **(settings.get("observability") or {})}
     return Observed(
-        enabled=bool(section["enabled"]),
+        enabled=bool(section["enabled"]) and sampled(run.trace_id, section["samplingRate"]),
         retention_days=int(section["tracingRetentionDays"]),
         capture_inputs=bool(section["captureInputs"]),
         capture_outputs=bool(section["captureOutputs"]),
         effects=dict((settings.get("tools") or {}).get("effects") or {}),
         redact=_patterns(tuple(section["redact"])),
     )
+
+
+def sampled(trace_id: str, rate: float) -> bool:
+    """Is a trace in the sample of ``rate``? OpenTelemetry's ``TraceIdRatioBased`` rule (the
+    trace id's low 64 bits under ``rate`` x 2^64), so one trace is in or out everywhere and a
+    role with a lower rate is only ever in the sample when the higher ones are too."""
+    if rate >= 1.0:
+        return True
+    try:
+        low = int(trace_id, 16) & 0xFFFFFFFFFFFFFFFF
+    except ValueError:
+        return False
+    return low < round(rate * 2**64)
 
 
 @functools.lru_cache(maxsize=256)

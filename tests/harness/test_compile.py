@@ -86,6 +86,7 @@ def merged(path: str, *values: Any) -> Any:
         ("observability.captureInputs", (True, False), False),
         ("observability.captureOutputs", (False, True), False),
         ("observability.redact", (["sk-\\w+"], ["[0-9]{16}"]), ["[0-9]{16}", "sk-\\w+"]),
+        ("observability.samplingRate", (1.0, 0.25), 0.25),
     ],
 )
 def test_each_field_merges_most_restrictive_wins(

@@ -77,6 +77,7 @@ layer_data = section(
         captureInputs=st.booleans(),
         captureOutputs=st.booleans(),
         redact=st.lists(st.sampled_from([r"sk-\w+", "password=\\S+", "[0-9]{16}"]), max_size=3),
+        samplingRate=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
     ),
 )
 #: The value range the merge rules of features not built yet handle (the schema refuses all but

@@ -127,6 +127,8 @@ def test_wrong_types_are_refused_without_coercion(data: dict[str, Any], pointer:
         ({"limits": {"maxCost": math.nan}}, "/limits/maxCost"),
         ({"delegation": {"maxDepth": 11}}, "/delegation/maxDepth"),
         ({"observability": {"tracingRetentionDays": 4000}}, "/observability/tracingRetentionDays"),
+        ({"observability": {"samplingRate": 1.5}}, "/observability/samplingRate"),
+        ({"observability": {"samplingRate": math.nan}}, "/observability/samplingRate"),
         ({"tools": {"deny": ["rm -rf"]}}, "/tools/deny/0"),
         ({"tools": {"allow": [""]}}, "/tools/allow/0"),
         ({"tools": {"allow": ["x" * 200]}}, "/tools/allow/0"),

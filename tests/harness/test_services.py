@@ -100,6 +100,7 @@ def test_the_seeded_profiles_leave_what_is_not_built_off() -> None:
             "captureInputs": True,
             "captureOutputs": True,
             "redact": [],
+            "samplingRate": 1.0,
         }
 
 

@@ -138,6 +138,14 @@ def test_a_role_whose_harness_disables_spans_records_none(
     assert spans_record(run_id=run.id) == len(spans)
 
 
+def test_a_role_sampled_out_records_no_spans(engine: Engine, approver: APIClient) -> None:
+    run = finished_run(engine, approver, pattern_with({"samplingRate": 0.0}, "unsampled"))
+    spans = run_spans(run).spans
+    assert {s.role for s in spans} == {"", "leader", "verifier"}
+    assert spans_record(run_id=run.id) == len(spans)
+    assert not LoopSpan.objects.filter(run=run, role="maker").exists()
+
+
 def test_spans_past_their_roles_retention_are_pruned(engine: Engine, approver: APIClient) -> None:
     run = finished_run(engine, approver, pattern_with({"tracingRetentionDays": 2}, "brief"))
     spans_record(run_id=run.id)

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from loops.spans import RunFacts, Span, build_spans, span_tree
+from loops.spans import RunFacts, Span, build_spans, sampled, span_tree
 from orchestrator.tracecontext import trace_id_of
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -232,3 +233,19 @@ def test_redaction_patterns_mask_what_matches_in_captured_inputs_and_outputs() -
     assert captured["input"]["arguments"] == {"key": "***", "list": ["card ***", 7]}
     assert captured["output"] == {"content": "used *** and ***"}
     assert row["request"]["arguments"]["key"] == "sk-abc123"  # the step itself is untouched
+
+
+def test_sampling_keeps_the_spans_of_the_runs_whose_trace_is_in_the_sample() -> None:
+    # TRACE's low 64 bits are 0xa3ce929d0e0e4736, 0.64 of 2^64: in a sample of 0.7, not of 0.6.
+    kept = build_spans(facts(maker={**ON, "samplingRate": 0.7}), journal(), [APPROVAL], {})
+    dropped = build_spans(facts(maker={**ON, "samplingRate": 0.6}), journal(), [APPROVAL], {})
+    assert "maker" in {s.role for s in kept}
+    assert {s.role for s in dropped} == {"", "leader", "verifier"}
+
+    rng = random.Random(7)
+    traces = [f"{rng.getrandbits(128):032x}" for _ in range(4000)]
+    for rate in (0.0, 0.1, 0.5, 1.0):
+        share = sum(sampled(t, rate) for t in traces) / len(traces)
+        assert abs(share - rate) < 0.03, (rate, share)
+    # Consistent: a trace in the sample of a rate is in the sample of every higher rate.
+    assert all(sampled(t, 0.5) for t in traces if sampled(t, 0.1))
