@@ -84,6 +84,8 @@ class ChatCompletionRecord(models.Model):
     end_user = models.CharField(max_length=256, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True, default="")
+    #: The W3C trace the request belonged to (the caller's ``traceparent``, or its own).
+    trace_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from gateway import services
+from gateway import services, tracing
 from gateway.access import PROFILES, Prepared
 from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
@@ -96,9 +96,12 @@ def _failure(exc: ChatFailed) -> OpenAIError:
 class Chat:
     """One request's chat: the run, the tally of what it did, its record."""
 
-    def __init__(self, request: CompletionRequest, prepared: Prepared) -> None:
+    def __init__(
+        self, request: CompletionRequest, prepared: Prepared, trace: tracing.ChatTrace
+    ) -> None:
         self.request = request
         self.prepared = prepared
+        self.trace = trace
         self.started = time.monotonic()
         self.created = int(time.time())
         self.tally = services.CompletionTally(
@@ -109,6 +112,7 @@ class Chat:
             stream=request.stream,
             end_user=request.end_user,
             metadata=request.metadata,
+            trace_id=trace.trace_id,
         )
         self.agent_events: list[dict[str, Any]] = []
 
@@ -248,6 +252,10 @@ class Chat:
             await db_call(services.completion_record, self.tally, duration)
         except Exception:
             logger.exception("chat completion record %s not written", self.tally.id)
+        try:
+            tracing.chat_span_export(self.trace, self.tally, duration)
+        except Exception:
+            logger.exception("chat completion span %s not exported", self.tally.id)
 
 
 # --- Guardrails -------------------------------------------------------------------------------

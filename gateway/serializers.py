@@ -56,6 +56,7 @@ class ChatCompletionRecordSerializer(serializers.ModelSerializer[ChatCompletionR
             "end_user",
             "metadata",
             "error",
+            "trace_id",
         ]
         read_only_fields = fields
 

@@ -132,6 +132,8 @@ class CompletionTally:
     tool_calls: int = 0
     guardrail_decisions: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    #: The request's trace (the caller's ``traceparent``, or its own).
+    trace_id: str = ""
 
 
 def completion_record(tally: CompletionTally, duration_ms: int) -> ChatCompletionRecord:
@@ -154,4 +156,5 @@ def completion_record(tally: CompletionTally, duration_ms: int) -> ChatCompletio
             end_user=tally.end_user,
             metadata=tally.metadata,
             error=tally.error[:4000],
+            trace_id=tally.trace_id,
         )

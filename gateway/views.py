@@ -6,7 +6,8 @@ Plain async Django views (the answers are OpenAI-shaped, not the API's problem+j
 refusal is ``{"error": {"message", "type", "param", "code"}}`` (:mod:`gateway.errors`). The work
 is in :mod:`gateway.runner`; these views only route, and turn errors into responses. They are
 served without Django's middleware chain (:mod:`orchestrator.bare_asgi`), so they bound the body
-(413) and echo ``X-Request-ID`` themselves.
+(413), echo ``X-Request-ID`` and take the caller's ``traceparent`` (:mod:`gateway.tracing`)
+themselves.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from gateway import access, runner
+from gateway import access, runner, tracing
 from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
 from gateway.validation import CompletionRequest, chat_request, parse_body
@@ -42,6 +43,7 @@ def openai_view(*methods: str) -> Callable[[View], View]:
             request_id = request_id_of(request)
             request.request_id = request_id  # type: ignore[attr-defined]
             REQUEST_ID.set(request_id)  # this request's task: its log lines name it
+            request.trace = tracing.chat_trace(request.headers.get("traceparent"))  # type: ignore[attr-defined]
             response = await _answer(view, methods, request, *args, **kwargs)
             response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
             return response
@@ -109,7 +111,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     except OpenAIError as exc:
         body = exc
     prepared = await db_call(access.prepare_for, _authorization(request), body)
-    chat = runner.Chat(prepared.request, prepared)
+    chat = runner.Chat(prepared.request, prepared, request.trace)  # type: ignore[attr-defined]
     if not prepared.request.stream:
         return JsonResponse(await runner.complete(chat), json_dumps_params={"ensure_ascii": False})
     events = await runner.stream_open(chat)

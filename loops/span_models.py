@@ -7,15 +7,11 @@ their role's ``observability.tracingRetentionDays`` has passed.
 
 from __future__ import annotations
 
-import os
-
 from django.db import models
 
+from orchestrator.tracecontext import new_trace_id
 
-def new_trace_id() -> str:
-    """A W3C trace id: 32 lowercase hex digits, never all zeros."""
-    value = os.urandom(16).hex()
-    return value if int(value, 16) else new_trace_id()
+__all__ = ["LoopSpan", "LoopSpanRecord", "new_trace_id"]
 
 
 class LoopSpan(models.Model):

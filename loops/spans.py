@@ -98,6 +98,16 @@ def _seed(run: RunFacts) -> str:
     return f"{run.trace_id}:{run.run_id}"
 
 
+def run_span_id(trace_id: str, run_id: str) -> str:
+    """The span id of a run's root span (what its log lines name outside an invocation)."""
+    return span_id_of(f"{trace_id}:{run_id}", "run")
+
+
+def invocation_span_id(trace_id: str, run_id: str, invocation: str) -> str:
+    """The span id of a role invocation's span (what its log lines name)."""
+    return span_id_of(f"{trace_id}:{run_id}", f"invocation:{invocation}")
+
+
 def observed(run: RunFacts, role: str, invocation: str) -> Observed:
     """The observability settings of the snapshot a role's invocation ran under."""
     snaps = run.harness_snapshots or {}
@@ -248,14 +258,14 @@ class _Builder:
         known = self.invocations.get(invocation)
         if known is not None:
             return known
-        parent = span_id_of(_seed(self.run), "run")
+        parent = run_span_id(self.run.trace_id, self.run.run_id)
         if SUB_MARK in invocation:
             outer, task = invocation.rsplit(SUB_MARK, 1)
             seq, _, index = task.partition(".")
             parent = self.calls.get((outer, _int(seq), _int(index))) or self.invocation_span(
                 outer, role, at, rules
             )
-        span_id = span_id_of(_seed(self.run), f"invocation:{invocation}")
+        span_id = invocation_span_id(self.run.trace_id, self.run.run_id, invocation)
         self.invocations[invocation] = span_id
         start = min(self.starts.get(invocation, at), at)
         self.spans.append(
@@ -323,7 +333,7 @@ def _run_span(run: RunFacts, children: Sequence[Span], days: int) -> Span:
     model = [s for s in children if s.kind == "model"]
     start = min([run.started_at or run.created_at, *(s.started_at for s in children)])
     return Span(
-        span_id=span_id_of(_seed(run), "run"),
+        span_id=run_span_id(run.trace_id, run.run_id),
         parent_span_id="",
         kind="run",
         name=run.name,

@@ -1,8 +1,10 @@
 """What a log line is about, and log lines as JSON.
 
 :data:`REQUEST_ID` is set for an HTTP request (``RequestIdMiddleware``, the ``/v1/`` views) and
-:data:`RUN_ID` while a worker drives a run; :class:`JsonFormatter` (``LOG_FORMAT=json``) writes
-each record as one JSON object per line with them. Nothing here reads a database.
+:data:`RUN_ID` while a worker drives a run; :data:`TRACE_ID` and :data:`SPAN_ID` name the trace
+and the span the work belongs to (a request's, ``orchestrator.tracecontext``; a run's or its
+role invocation's, the worker). :class:`JsonFormatter` (``LOG_FORMAT=json``) writes each record
+as one JSON object per line with them. Nothing here reads a database.
 """
 
 from __future__ import annotations
@@ -14,12 +16,21 @@ from datetime import UTC, datetime
 
 REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="")
 RUN_ID: ContextVar[str] = ContextVar("run_id", default="")
+TRACE_ID: ContextVar[str] = ContextVar("trace_id", default="")
+SPAN_ID: ContextVar[str] = ContextVar("span_id", default="")
+_CONTEXT = (
+    ("request_id", REQUEST_ID),
+    ("run_id", RUN_ID),
+    ("trace_id", TRACE_ID),
+    ("span_id", SPAN_ID),
+)
 #: ``LOG_FORMAT`` values.
 LOG_FORMATS = ("plain", "json")
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"ts", "level", "logger", "message", "request_id"?, "run_id"?, "exc"?}`` per line."""
+    """``{"ts", "level", "logger", "message", "request_id"?, "run_id"?, "trace_id"?,
+    "span_id"?, "exc"?}`` per line."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, str] = {
@@ -28,10 +39,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if request_id := REQUEST_ID.get():
-            line["request_id"] = request_id
-        if run_id := RUN_ID.get():
-            line["run_id"] = run_id
+        for name, var in _CONTEXT:
+            if value := var.get():
+                line[name] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -39,6 +39,7 @@ RUN_COLUMNS = (
     "repository_snapshot",
     "cursor",
     "wait",
+    "trace_id",
 )
 JSON_COLUMNS = frozenset(
     {

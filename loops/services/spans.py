@@ -29,6 +29,7 @@ from loops.models import (
 from loops.services.budget_rules import INVOCATION_STARTED
 from loops.spans import RunFacts, Span, build_spans
 from loops.state import TERMINAL
+from orchestrator import otel as otel_export
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def spans_record(*, run_id: Any, now: datetime | None = None) -> int:
         spans = spans_of_journal(run)
         end = run.finished_at or now
         LoopSpan.objects.bulk_create([_row_of(run, span, end) for span in spans])
-        exporting = otel.enabled() and bool(spans)
+        exporting = otel_export.enabled() and bool(spans)
         LoopSpanRecord.objects.create(
             run=run, recorded_at=now, spans=len(spans), exported=exporting
         )

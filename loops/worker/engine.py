@@ -35,6 +35,7 @@ from loops.services.locks import lock_wait_detail, path_locks_acquire
 from loops.services.transitions import Lease, run_update_fenced, run_wait
 from loops.services.waits import wait_elapsed_seconds
 from loops.services.workspaces import WorkspaceError, workspace_diff, workspace_ensure
+from loops.spans import invocation_span_id, run_span_id
 from loops.worker.harness_bind import (
     HARNESS_EVENT,
     TIMEOUT_CODE,
@@ -47,6 +48,7 @@ from loops.worker.journal import DbJournal, DbThreads, abandon
 from loops.worker.model_waits import model_wait_journal, park_for_retry
 from loops.worker.recovery import reclaim_workspace
 from loops.worker.verdicts import conclude_verdict
+from orchestrator.logcontext import SPAN_ID, TRACE_ID
 from orchestrator.sql import time_in
 from runtime.invocation import (
     InvocationOutcome,
@@ -88,6 +90,8 @@ class RunState:
     #: The run's limits as last read from the database (with their fingerprint), which lets
     #: an invocation start in one statement that proves them unchanged; None: not known.
     limits: budget_rules.RunLimits | None = None
+    #: The run's trace (``LoopRun.trace_id``): its log lines and spans belong to it.
+    trace_id: str = ""
 
 
 def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
@@ -105,6 +109,7 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         repository=columns["repository_snapshot"],
         cursor=dict(columns["cursor"] or {}),
         wait=dict(columns["wait"] or {}),
+        trace_id=columns["trace_id"],
         limits=budget_rules.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
     )
 
@@ -123,6 +128,7 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
         repository=run.repository_snapshot,
         cursor=dict(run.cursor or {}),
         wait=dict(run.wait or {}),
+        trace_id=run.trace_id,
     )
 
 
@@ -257,6 +263,10 @@ async def drive_run(driver: RunHost, claim: Claimed) -> None:
     else:
         retry = float(driver_setting("LOCK_RETRY_SECONDS"))
         run, status = await driver.db(_load_and_prepare, lease, retry)
+    # This task's log lines name the run's trace and span (its invocation's while one runs).
+    run_span = run_span_id(run.trace_id, str(run.id))
+    TRACE_ID.set(run.trace_id)
+    SPAN_ID.set(run_span)
     if status in (RunStatus.RUNNING.value, RunStatus.VERIFYING.value):
         await reclaim_workspace(driver, lease, run.cursor.get("workdir"))
     # A run claimed before (resumed after an approval, a retry, a crash) may be resuming its
@@ -273,9 +283,11 @@ async def drive_run(driver: RunHost, claim: Claimed) -> None:
             await driver.db(_enter_verification, lease, run.cursor, run.repository)
             status = RunStatus.VERIFYING.value
         known = resume_steps[1] if resume_steps and resume_steps[0] == name else None
+        SPAN_ID.set(invocation_span_id(run.trace_id, str(run.id), name))
         outcome = await _invoke(
             driver, lease, run, role, name, employee, resuming=resuming, steps=known
         )
+        SPAN_ID.set(run_span)
         resuming, resume_steps = False, None
         if outcome.kind != OutcomeKind.COMPLETED:
             await driver.db(_conclude_invocation, lease, run, outcome, step)

@@ -6,70 +6,27 @@ API with a ``traceparent``: its trace id is the caller's."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from loops import otel
 from loops.models import LoopRun, LoopSpan, RunStatus
+from orchestrator import otel
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from tests.e2e.conftest import start_beat, start_worker
 from tests.support.approvals import approval_pattern, http_reply, loopback_team
 from tests.support.model_server import ModelServer
+from tests.support.otlp import Receiver, attributes, receiver
 from tests.support.workers import WorkerProcess, wait_for
+
+__all__ = ["receiver"]
 
 TRACE = "5b8efff798038103d269b633813fc60c"
 WAIT = 240  # generous: the machine is shared and loaded; the assertions stay strict
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint on loopback: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                with receiver.lock:
-                    for resource in request.resource_spans:
-                        for scope in resource.scope_spans:
-                            receiver.spans.extend(scope.spans)
-                ok = self.path == "/v1/traces"
-                self.send_response(200 if ok else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def of_trace(self, trace_id: str) -> list[Any]:
-        with self.lock:
-            return [s for s in self.spans if s.trace_id.hex() == trace_id]
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    yield found
-    found.server.shutdown()
-    found.server.server_close()
 
 
 @pytest.fixture
@@ -78,14 +35,6 @@ def model() -> Iterator[ModelServer]:
         server.always(http_reply)
         yield server
     server.check()
-
-
-def attributes(span: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in span.attributes:
-        value = item.value
-        out[item.key] = getattr(value, value.WhichOneof("value"))
-    return out
 
 
 @pytest.mark.e2e
@@ -147,8 +96,8 @@ def test_a_runs_spans_reach_an_otlp_receiver_with_the_callers_trace_and_genai_at
     assert attributes(root)["gen_ai.operation.name"] == "invoke_agent"
     for span_id, span in spans.items():
         row = stored[span_id]
-        assert span.start_time_unix_nano == otel._ns(row.started_at)
-        assert span.end_time_unix_nano == otel._ns(row.ended_at)
+        assert span.start_time_unix_nano == otel.unix_ns(row.started_at)
+        assert span.end_time_unix_nano == otel.unix_ns(row.ended_at)
         assert (span.parent_span_id.hex() if span.parent_span_id else "") == row.parent_span_id
     invocations = [s for s in spans.values() if s.parent_span_id == root.span_id]
     assert sorted(attributes(s)["gen_ai.agent.name"] for s in invocations) == [
