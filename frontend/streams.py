@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from frontend.access import ui_view
 from frontend.selectors import approvals, runs
+from frontend.selectors.waterfall import run_waterfall
 from frontend.views.approvals import queue_context
 from frontend.views.runs import run_header_context
 from loops import live_text, state
@@ -298,6 +299,10 @@ class RunFeed:
             ),
             "verdict_html": render_to_string("frontend/runs/_verdict.html", context),
             "artifacts_html": render_to_string("frontend/runs/_artifacts.html", context),
+            "waterfall_html": render_to_string(
+                "frontend/runs/_waterfall.html",
+                {**context, "waterfall": run_waterfall(run, timezone.now())},
+            ),
         }
         return Message("run", data)
 

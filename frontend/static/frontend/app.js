@@ -201,6 +201,18 @@
           });
           localizeTimes(artifacts);
         }
+        var waterfall = document.getElementById("waterfall");
+        if (waterfall && data.waterfall_html !== undefined) {
+          /* Bars keep their ids (span ids are stable): an opened bar stays open. */
+          var opened = Array.prototype.map.call(
+            waterfall.querySelectorAll("details[open]"), function (d) { return d.dataset.span; });
+          var drawn = fragment(data.waterfall_html);
+          opened.forEach(function (span) {
+            var again = drawn.querySelector('details[data-span="' + span + '"]');
+            if (again) { again.open = true; }
+          });
+          waterfall.replaceWith(drawn);
+        }
       },
       done: function (data, source) {
         source.close();
