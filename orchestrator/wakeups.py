@@ -133,24 +133,63 @@ class ThreadWaiter(Waiter):
 
 
 class AsyncWaiter(Waiter):
-    """For a stream served on an event loop (ASGI); made on that loop."""
+    """For a stream served on an event loop (ASGI); made on that loop. The hub wakes the
+    waiters of one loop with one callback on it (:func:`wake_on_loops`), and a wait is one
+    future and one timer: 500 streams of a run cost one self-pipe write, not 500 tasks."""
 
     def __init__(self, topics: frozenset[str]) -> None:
         super().__init__(topics)
         self.loop = asyncio.get_running_loop()
-        self.event = asyncio.Event()
+        self.woken = False
+        self.future: asyncio.Future[bool] | None = None
 
     def wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            self.loop.call_soon_threadsafe(self.event.set)
+            self.loop.call_soon_threadsafe(self.set)
+
+    def set(self) -> None:
+        """On the waiter's loop: wake its wait, or the next one."""
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(True)
+        else:
+            self.woken = True
 
     async def wait(self, timeout: float) -> bool:
+        """True when woken (the flag is cleared), False when ``timeout`` passed first."""
+        if self.woken:
+            self.woken = False
+            return True
+        future = self.future = self.loop.create_future()
+        timer = self.loop.call_later(max(0.0, timeout), _time_out, future)
         try:
-            await asyncio.wait_for(self.event.wait(), max(0.0, timeout))
-        except TimeoutError:
-            return False
-        self.event.clear()
-        return True
+            return await future
+        finally:
+            timer.cancel()
+            self.future = None
+
+
+def _time_out(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
+
+
+def _set_all(waiters: list[AsyncWaiter]) -> None:
+    for waiter in waiters:
+        waiter.set()
+
+
+def wake_on_loops(waiters: list[Waiter]) -> None:
+    """Wake ``waiters`` in order; those of an event loop with one callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[AsyncWaiter]] = {}
+    for waiter in waiters:
+        if isinstance(waiter, AsyncWaiter):
+            by_loop.setdefault(waiter.loop, []).append(waiter)
+        else:
+            waiter.wake()
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_set_all, batch)
 
 
 # --- the hub ------------------------------------------------------------------------------------
@@ -199,14 +238,12 @@ class Hub:
         with self._lock:
             woken = set(self._waiters.get(run_topic(run_id), ()))
             woken |= self._waiters.get(ANY_RUN, set())
-        for waiter in sorted(woken, key=lambda w: not w.early):
-            waiter.wake()
+        wake_on_loops(sorted(woken, key=lambda w: not w.early))
 
     def _wake_all(self) -> None:
         with self._lock:
             woken = {w for waiters in self._waiters.values() for w in waiters}
-        for waiter in sorted(woken, key=lambda w: not w.early):
-            waiter.wake()
+        wake_on_loops(sorted(woken, key=lambda w: not w.early))
 
     def stop(self) -> None:
         self._stopping.set()

@@ -13,10 +13,12 @@ import pytest
 
 @pytest.fixture
 def thawed() -> Iterator[None]:
-    """Each test starts with nothing frozen and gives back what it froze."""
+    """Each test starts with nothing frozen and gives back what it froze (and the thresholds)."""
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 class _Marker:
@@ -31,13 +33,14 @@ def _tracked(obj: object) -> bool:
 
 
 def test_frozen_objects_are_left_out_of_later_collections(thawed: None) -> None:
-    from orchestrator.heap import freeze_startup_heap
+    from orchestrator.heap import YOUNG_THRESHOLD, freeze_startup_heap
 
     loaded = _Marker()
     assert _tracked(loaded)
     # (Not compared with gc.get_freeze_count() afterwards: a frozen object another thread
     # frees meanwhile leaves the permanent generation.)
     assert freeze_startup_heap() > 0
+    assert gc.get_threshold()[0] == YOUNG_THRESHOLD  # young collections 14x rarer than CPython's
     assert not _tracked(loaded), "a frozen object is still in a generation collections walk"
     later = _Marker()
     assert _tracked(later), "what the process allocates after the freeze is collected as usual"
