@@ -9,6 +9,7 @@ semantic conventions is exported when the request has ended. docs/observability.
 
 from __future__ import annotations
 
+from contextvars import Token
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -30,6 +31,17 @@ class ChatTrace:
     span_id: str
     #: The caller's span (from its ``traceparent``), "" when the request started the trace.
     parent_span_id: str = ""
+
+
+def trace_marks() -> tuple[Token[str], Token[str]]:
+    """Tokens that give the caller its trace and span ids back (:func:`trace_marks_reset`)."""
+    return TRACE_ID.set(TRACE_ID.get()), SPAN_ID.set(SPAN_ID.get())
+
+
+def trace_marks_reset(marks: tuple[Token[str], ...]) -> None:
+    """Reset the context variables of ``marks`` (request id, trace, span), newest first."""
+    for mark in reversed(marks):
+        mark.var.reset(mark)
 
 
 def chat_trace(traceparent: str | None) -> ChatTrace:

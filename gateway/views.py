@@ -42,9 +42,14 @@ def openai_view(*methods: str) -> Callable[[View], View]:
         async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             request_id = request_id_of(request)
             request.request_id = request_id  # type: ignore[attr-defined]
-            REQUEST_ID.set(request_id)  # this request's task: its log lines name it
-            request.trace = tracing.chat_trace(request.headers.get("traceparent"))  # type: ignore[attr-defined]
-            response = await _answer(view, methods, request, *args, **kwargs)
+            # This request's log lines name it and its trace; the chat's tasks copy them when
+            # made, and the caller's context is given back (a test client runs views inline).
+            marks = REQUEST_ID.set(request_id), *tracing.trace_marks()
+            try:
+                request.trace = tracing.chat_trace(request.headers.get("traceparent"))  # type: ignore[attr-defined]
+                response = await _answer(view, methods, request, *args, **kwargs)
+            finally:
+                tracing.trace_marks_reset(marks)
             response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
             return response
 
