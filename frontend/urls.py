@@ -11,6 +11,7 @@ from frontend.views import (
     agents,
     approvals,
     connectors,
+    memory,
     metrics,
     patterns,
     policies,
@@ -104,6 +105,11 @@ urlpatterns = [
         skills.execution_download,
         name="skill-execution-download",
     ),
+    # Memory Inspector (agent memory)
+    path("memory", memory.memory_list, name="memory"),
+    path("memory/<str:item_id>", memory.memory_detail, name="memory-item"),
+    path("memory/<str:item_id>/edit", memory.memory_edit, name="memory-edit"),
+    path("memory/<str:item_id>/delete", memory.memory_delete_view, name="memory-delete"),
     # "/metrics" is the Prometheus exposition (orchestrator/metrics_view.py).
     path("ui/metrics", metrics.metrics, name="metrics"),
     # Live updates (server-sent events)

@@ -74,8 +74,9 @@ def _pooled() -> None:
         POOLED_LOOPS.add(loop)
 
 
-def _turn(request: CompletionRequest) -> ChatTurn:
+def _turn(request: CompletionRequest, user: str) -> ChatTurn:
     return ChatTurn(
+        user=user,
         messages=request.messages,
         client_tools=request.tools,
         tool_choice=request.tool_choice,
@@ -147,7 +148,7 @@ class Chat:
                 invoker,
                 employee=prepared.profile.username,
                 harness=prepared.harness,
-                turn=_turn(self.request),
+                turn=_turn(self.request, prepared.user.username),
                 sink=observed,
             )
         if secrets:

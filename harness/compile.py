@@ -10,7 +10,8 @@ any order of the layers and adding a layer can only tighten it:
 - ask and deny, denied paths, redaction patterns: union;
 - per-tool effects: the most severe effect per tool (read < write < external);
 - numbers: minimum;
-- capability booleans (memory.enabled, observability.enabled/captureInputs/captureOutputs): AND;
+- capability booleans (memory.enabled/write, observability.enabled/captureInputs/captureOutputs):
+  AND;
 - requirement booleans (isolation.requireWorktree): OR;
 - isolation.mode: worktree over none; isolation.networkAccess: deny < restricted < allow.
 
@@ -152,6 +153,8 @@ RULES: dict[str, Rule] = {
     "memory.enabled": _AND,
     "memory.scopes": _intersect(frozenset(MEMORY_SCOPES)),
     "memory.maxChars": _minimum("memory.maxChars"),
+    "memory.maxItems": _minimum("memory.maxItems"),
+    "memory.write": _AND,
     "delegation.allowedEmployees": _intersect(),
     "delegation.maxDepth": _minimum("delegation.maxDepth"),
     "delegation.maxCount": _minimum("delegation.maxCount"),

@@ -55,6 +55,7 @@ MAX_LIST_ITEMS = 2000
 #: Upper bound of every number, by field path. Also the loosest value compilation starts from.
 NUMBER_MAXIMA: dict[str, int | float] = {
     "memory.maxChars": 10_000_000,
+    "memory.maxItems": 1000,
     "delegation.maxDepth": 10,
     "delegation.maxCount": 10_000,
     "limits.timeoutMs": 7 * 24 * 3600 * 1000,
@@ -96,42 +97,8 @@ def _bounded(path: str) -> Any:
     return Field(ge=0, le=NUMBER_MAXIMA[path])
 
 
-#: Sections whose feature is not built yet, and why only "off" is accepted in them. Nothing is
-#: accepted that nothing enforces: a value asking for more than "off" is refused, naming this.
-NOT_BUILT: dict[str, str] = {
-    "memory": "Loopwright has no agent memory yet",
-}
-
-
-def _only_off(path: str, off: Any, shown: str) -> Any:
-    """A validator accepting only the "off" value of a field whose feature is not built."""
-    section = path.split(".", 1)[0]
-    why = NOT_BUILT.get(path) or NOT_BUILT[section]
-
-    def check(value: Any) -> Any:
-        if value != off:
-            raise PydanticCustomError(
-                "not_built",
-                "{why}, so {path} only accepts {shown}: nothing would enforce another value",
-                {"why": why, "path": path, "shown": shown},
-            )
-        return value
-
-    return AfterValidator(check)
-
-
-def _off_schema(off: Any) -> Any:
-    """The JSON Schema side of :func:`_only_off` (the validator's rule is invisible to it)."""
-    if isinstance(off, bool):
-        return Field(json_schema_extra={"enum": [off]})
-    if isinstance(off, list):
-        return Field(json_schema_extra={"maxItems": 0})
-    return Field(json_schema_extra={"maximum": off})
-
-
-MaxChars = Annotated[
-    int, _bounded("memory.maxChars"), _only_off("memory.maxChars", 0, "0"), _off_schema(0)
-]
+MaxChars = Annotated[int, _bounded("memory.maxChars")]
+MaxItems = Annotated[int, _bounded("memory.maxItems")]
 MaxDepth = Annotated[int, _bounded("delegation.maxDepth")]
 MaxCount = Annotated[int, _bounded("delegation.maxCount")]
 MaxFiles = Annotated[int, _bounded("paths.maxFiles")]
@@ -144,8 +111,9 @@ MaxCost = Annotated[float, _bounded("limits.maxCost"), Field(allow_inf_nan=False
 ModelRetryWindowMs = Annotated[int, _bounded("limits.modelRetryWindowMs")]
 RetentionDays = Annotated[int, _bounded("observability.tracingRetentionDays")]
 SamplingRate = Annotated[float, _bounded("observability.samplingRate"), Field(allow_inf_nan=False)]
-MemoryEnabled = Annotated[bool, _only_off("memory.enabled", False, "false"), _off_schema(False)]
-MemoryScopes = Annotated[Scopes, _only_off("memory.scopes", [], "[]"), _off_schema([])]
+MemoryEnabled = bool
+MemoryWrite = bool
+MemoryScopes = Scopes
 Delegates = Usernames
 Connectors = Names
 Tracing = bool
@@ -210,13 +178,24 @@ class ToolsLayer(_Strict):
     )
 
 
-_OFF = " Not built yet: only the off value is accepted."
-
-
 class MemoryLayer(_Strict):
-    enabled: Opt[MemoryEnabled] = Field(None, description="Inject agent memory." + _OFF)
-    scopes: Opt[MemoryScopes] = Field(None, description="Memory scopes to read." + _OFF)
-    max_chars: Opt[MaxChars] = Field(None, description="Memory context size." + _OFF)
+    enabled: Opt[MemoryEnabled] = Field(
+        None,
+        description="Read agent memory: the <agent_memory_context> block of the prompt and "
+        "memory_search (docs/memory.md).",
+    )
+    write: Opt[MemoryWrite] = Field(
+        None, description="Let the role save and delete memory (memory_save, memory_delete)."
+    )
+    scopes: Opt[MemoryScopes] = Field(
+        None, description="Memory scopes the role reads and writes (public, user, agent_user)."
+    )
+    max_items: Opt[MaxItems] = Field(
+        None, description="Most memory items injected or returned by one search."
+    )
+    max_chars: Opt[MaxChars] = Field(
+        None, description="Characters of the injected <agent_memory_context> block at most."
+    )
 
 
 class DelegationLayer(_Strict):
@@ -336,6 +315,9 @@ class MemorySettings(_Strict):
     enabled: MemoryEnabled
     scopes: MemoryScopes
     max_chars: MaxChars
+    # Snapshots compiled before memory was built had it off; neither field existed then.
+    write: MemoryWrite = False
+    max_items: MaxItems = 0
 
 
 class DelegationSettings(_Strict):
@@ -397,7 +379,13 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
         "effects": {},
         "trustedPreHandlerTools": ["*"],
     },
-    "memory": {"enabled": False, "scopes": [], "maxChars": 0},
+    "memory": {
+        "enabled": True,
+        "write": True,
+        "scopes": ["agent_user", "public", "user"],
+        "maxItems": 20,
+        "maxChars": 4000,
+    },
     "delegation": {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 10},
     "limits": {
         "timeoutMs": 4 * 3600 * 1000,
@@ -426,8 +414,7 @@ DEFAULT_PLATFORM: dict[str, dict[str, Any]] = {
     },
 }
 """Platform ceilings when ``settings.LOOPWRIGHT_HARNESS_PLATFORM`` does not override them:
-permissive about names (profiles decide those), bounded in every number, and off for every
-feature not built yet (:data:`NOT_BUILT`)."""
+permissive about names (profiles decide those) and bounded in every number."""
 
 
 # --- Problems ---------------------------------------------------------------------------------

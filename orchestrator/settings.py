@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "skillhub",
     "gateway",
     "connectors",
+    "memory",
     "frontend",
     "a2a_server",
 ]

@@ -28,6 +28,7 @@ urlpatterns = [
     path("api/v1/", include("skillhub.urls")),
     path("api/v1/", include("gateway.urls")),
     path("api/v1/", include("connectors.urls")),
+    path("api/v1/", include("memory.urls")),
     # OpenAI-compatible: AI employees as models (docs/openai-endpoint.md).
     path("v1/", include("gateway.openai_urls")),
     path("", include("frontend.urls")),

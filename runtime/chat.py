@@ -72,6 +72,8 @@ class ChatTurn:
     max_tokens: int | None = None
     response_format: dict[str, Any] | None = None
     stream: bool = False
+    #: The caller (its username), the person the chat is for.
+    user: str = ""
 
 
 @dataclass(frozen=True)
@@ -432,6 +434,7 @@ async def chat_complete(
         harness=harness,
         conversation=tuple(turn.messages),
         client_tools=tuple(turn.client_tools),
+        user=turn.user,
     )
     policy = without_workdir_tools(await _resolve(invoker.policy(request)), invoker.tools.specs())
     _client_tool_names(turn, Toolset(invoker.tools, policy).offered)

@@ -62,6 +62,9 @@ class InvocationRequest:
     #: OpenAI function tools the *client* runs: offered next to the server tools; a step that
     #: calls one ends the invocation with the calls (``output["client_tool_calls"]``).
     client_tools: tuple[dict[str, Any], ...] = ()
+    #: The person the work is for: the run's ``triggered_by`` (a username, or ``scheduler``),
+    #: the chat endpoint's caller; "" when nobody is known. Memory's ``user`` scopes key on it.
+    user: str = ""
 
 
 @dataclass(frozen=True)

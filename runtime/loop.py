@@ -204,6 +204,7 @@ def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = (
         harness_provenance=(request.harness or {}).get("provenance"),
         bound_tools=frozenset(bound_tools),
         auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
+        user=request.user,
     )
 
 

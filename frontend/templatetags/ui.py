@@ -250,6 +250,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "skills": ("/skills",),
         "connectors": ("/connectors",),
         "a2a-agents": ("/a2a-agents",),
+        "memory": ("/memory",),
         "metrics": ("/ui/metrics",),
     }
     current = path == "/" if section == "monitor" else False

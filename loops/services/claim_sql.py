@@ -40,6 +40,7 @@ RUN_COLUMNS = (
     "cursor",
     "wait",
     "trace_id",
+    "triggered_by",
 )
 JSON_COLUMNS = frozenset(
     {

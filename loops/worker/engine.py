@@ -92,6 +92,8 @@ class RunState:
     limits: budget_rules.RunLimits | None = None
     #: The run's trace (``LoopRun.trace_id``): its log lines and spans belong to it.
     trace_id: str = ""
+    #: Who the run is for (``LoopRun.triggered_by``): its invocations' ``user``.
+    triggered_by: str = ""
 
 
 def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
@@ -110,6 +112,7 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         cursor=dict(columns["cursor"] or {}),
         wait=dict(columns["wait"] or {}),
         trace_id=columns["trace_id"],
+        triggered_by=columns["triggered_by"],
         limits=budget_rules.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
     )
 
@@ -129,6 +132,7 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
         cursor=dict(run.cursor or {}),
         wait=dict(run.wait or {}),
         trace_id=run.trace_id,
+        triggered_by=run.triggered_by,
     )
 
 
@@ -406,6 +410,7 @@ async def _invoke(
         ),
         inputs=run.inputs,
         workdir=run.cursor.get("workdir"),
+        user=run.triggered_by,
     )
     journal = model_wait_journal(driver, lease, role, name, harness=harness, wait=run.wait)
     if steps is not None:

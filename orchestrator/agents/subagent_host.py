@@ -180,6 +180,7 @@ class EmployeeSubAgentHost:
                 "auto_allowlist": sorted(parent.auto_allowlist),
                 "autonomy_level": scope.autonomy_level if scope else None,
             },
+            user=parent.user,
         )
         policy = role_tool_policy(request, employee_specs(profile, self.tools))
         invoker = child_tool_loop(

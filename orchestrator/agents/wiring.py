@@ -31,6 +31,7 @@ from runtime.breaker import CircuitBreaker
 from runtime.invocation import InvocationRequest, LoopRole
 from runtime.loop import LoopSettings, ToolLoopInvoker
 from runtime.policy import ToolPolicy, decision_of
+from runtime.prompt_context import prompt_blocks
 from runtime.prompts import default_system_prompt
 from runtime.scrub import secret_values
 from runtime.secrets import Secret, SecretNotAllowed, api_key_from_env
@@ -188,10 +189,12 @@ def employee_specs(profile: EmployeeProfile, tools: ToolRegistry) -> list[ToolSp
     ]
 
 
-def employee_system_prompt(profile: EmployeeProfile, request: InvocationRequest) -> str:
-    """The employee's own prompt above the runtime's default one."""
+async def employee_system_prompt(profile: EmployeeProfile, request: InvocationRequest) -> str:
+    """The employee's own prompt above the runtime's default one, then the blocks the apps
+    add (``runtime.prompt_context``: agent memory)."""
     base = default_system_prompt(request)
-    return f"{profile.system_prompt}\n\n{base}" if profile.system_prompt else base
+    prompt = f"{profile.system_prompt}\n\n{base}" if profile.system_prompt else base
+    return "\n\n".join([prompt, *await prompt_blocks(request)])
 
 
 def employee_tool_loop(

@@ -64,6 +64,8 @@ class Invocation:
     bound_tools: frozenset[str] = frozenset()
     #: The run pattern's ``approvals.autoAllowlist``: tools whose ``ask`` is waived.
     auto_allowlist: frozenset[str] = frozenset()
+    #: The person the work is for (``InvocationRequest.user``); "" when nobody is known.
+    user: str = ""
 
 
 @dataclass

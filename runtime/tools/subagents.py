@@ -376,6 +376,7 @@ class DispatchSubAgentTool:
             context={"auto_allowlist": sorted(parent.auto_allowlist)},
             inputs={"context": given} if given else {},
             workdir=context.workdir,
+            user=parent.user,
         )
         sub = await child_journal(journal, name)
         if child.secrets:

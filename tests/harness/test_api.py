@@ -335,24 +335,25 @@ def test_openapi_documents_the_endpoints_and_the_settings_schema(api_client_for:
 # --- Issue 18: features not built, paths and hosts ----------------------------------------------
 
 
-def test_validate_and_create_refuse_a_feature_not_built_naming_why(admin: APIClient) -> None:
-    bad = {"memory": {"enabled": True, "maxChars": 5}, "observability": {"enabled": True}}
+def test_validate_and_create_take_the_memory_section_and_refuse_bad_values(
+    admin: APIClient,
+) -> None:
+    bad = {"memory": {"enabled": "yes", "maxItems": 5000, "scopes": ["team"]}}
     body = admin.post(f"{BASE}/validate", {"settings": bad}, format="json").json()
     assert body["valid"] is False
-    found = {e["pointer"]: e for e in body["errors"]}
-    # Spans are built (issue 22): only memory is refused.
-    assert set(found) == {"/settings/memory/enabled", "/settings/memory/maxChars"}
-    assert {e["code"] for e in body["errors"]} == {"not_built"}
-    assert found["/settings/memory/enabled"]["detail"].startswith(
-        "Loopwright has no agent memory yet, so memory.enabled only accepts false"
-    )
+    found = {e["pointer"] for e in body["errors"]}
+    assert found == {
+        "/settings/memory/enabled",
+        "/settings/memory/maxItems",
+        "/settings/memory/scopes/0",
+    }
     created = problem(
         admin.post(f"{BASE}/create-profile", {"tag": "mem", "settings": bad}, format="json"), 400
     )
-    assert sorted(e["pointer"] for e in created["errors"]) == sorted(found)
+    assert {e["pointer"] for e in created["errors"]} == found
     assert not HarnessProfile.objects.filter(tag="mem").exists()
-    off = {"memory": {"enabled": False}, "observability": {"enabled": False}}
-    assert admin.post(f"{BASE}/validate", {"settings": off}, format="json").json()["valid"]
+    good = {"memory": {"enabled": True, "write": False, "scopes": ["agent_user"], "maxChars": 900}}
+    assert admin.post(f"{BASE}/validate", {"settings": good}, format="json").json()["valid"]
 
 
 def test_compile_previews_denied_paths_file_limits_and_allowed_hosts(
@@ -381,7 +382,7 @@ def test_compile_previews_denied_paths_file_limits_and_allowed_hosts(
     # the seeded default restricts the network to no host at all: nothing widens that
     assert body["settings"]["isolation"]["allowedHosts"] == []
     assert body["provenance"]["isolation.allowedHosts"] == "profile:default@1"
-    assert body["settings"]["memory"] == {"enabled": False, "scopes": [], "maxChars": 0}
+    assert body["settings"]["memory"]["maxChars"] == 4000  # the platform's, no layer tightened
 
 
 def test_compile_refuses_a_bad_host_or_glob_with_pointers(api_client_for: Clients) -> None:
@@ -400,4 +401,4 @@ def test_openapi_documents_paths_and_allowed_hosts(api_client_for: Clients) -> N
     assert layer["paths"]["properties"]["maxFiles"]["minimum"] == 0
     assert layer["paths"]["properties"]["deny"]["type"] == "array"
     assert "allowedHosts" in layer["isolation"]["properties"]
-    assert "Not built yet" in layer["memory"]["properties"]["enabled"]["description"]
+    assert "<agent_memory_context>" in layer["memory"]["properties"]["enabled"]["description"]

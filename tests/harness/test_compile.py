@@ -17,7 +17,7 @@ from harness.compile import (
     name_set,
     profile_layer,
 )
-from harness.schema import DEFAULT_PLATFORM, NOT_BUILT, HarnessSettings, layer_validate
+from harness.schema import DEFAULT_PLATFORM, HarnessSettings, layer_validate
 
 
 def platform() -> Any:
@@ -78,8 +78,11 @@ def merged(path: str, *values: Any) -> Any:
             ["*.a.example.com"],
         ),
         ("isolation.allowedConnectors", ([], []), []),
-        ("memory.enabled", (False, False), False),
-        ("memory.scopes", ([], []), []),
+        ("memory.enabled", (True, False), False),
+        ("memory.write", (True, True), True),
+        ("memory.scopes", (["public", "user"], ["user", "agent_user"]), ["user"]),
+        ("memory.maxChars", (4000, 200), 200),
+        ("memory.maxItems", (20, 5), 5),
         ("delegation.maxCount", (0, 0), 0),
         ("observability.enabled", (True, False), False),
         ("observability.tracingRetentionDays", (30, 2), 2),
@@ -103,37 +106,25 @@ def raw(name: str, path: str, value: Any) -> Layer:
 @pytest.mark.parametrize(
     ("path", "values", "expected"),
     [
-        ("memory.enabled", (True, False), False),
-        ("memory.enabled", (True, True), True),
-        ("memory.scopes", (["public", "user"], ["user", "agent_user"]), ["user"]),
-        ("memory.maxChars", (500, 200, 300), 200),
         ("delegation.allowedEmployees", (["alice", "bob"], ["bob"]), ["bob"]),
         ("delegation.maxDepth", (3, 1), 1),
         ("isolation.allowedConnectors", (["github"], ["jira"]), []),
         ("isolation.allowedConnectors", (["*"], ["jira"]), ["jira"]),
     ],
 )
-def test_the_rules_of_features_not_built_yet_still_merge_most_restrictive_wins(
+def test_rules_merge_layers_built_without_the_schema_most_restrictive_wins(
     path: str, values: tuple[Any, ...], expected: Any
 ) -> None:
-    # The schema accepts only "off" in these fields (test_schema.py); the compiler keeps their
-    # merge rules for the features that will bind them, and this checks those rules directly.
     section, key = path.split(".")
     layers = [raw(f"l{i}", path, v) for i, v in enumerate(values)]
     assert harness_compile(layers).settings_dict()[section][key] == expected
-
-
-def test_the_platform_keeps_every_feature_not_built_yet_off() -> None:
-    values = harness_compile([platform()]).values
-    off = {p: v for p, v in values.items() if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT}
-    assert len(off) == 3  # memory 3
-    assert all(value in (False, 0, frozenset()) for value in off.values()), off
 
 
 def test_booleans_that_grant_combine_with_and_and_booleans_that_require_with_or() -> None:
     kinds = {path: rule.kind for path, rule in RULES.items() if isinstance(rule.top, bool)}
     assert kinds == {
         "memory.enabled": "and (a capability)",
+        "memory.write": "and (a capability)",
         "observability.captureInputs": "and (a capability)",
         "observability.captureOutputs": "and (a capability)",
         "observability.enabled": "and (a capability)",

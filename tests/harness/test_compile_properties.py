@@ -22,7 +22,7 @@ from harness.compile import (
     not_applied,
 )
 from harness.planner import plan_tools
-from harness.schema import DEFAULT_PLATFORM, NOT_BUILT, HarnessSettings
+from harness.schema import DEFAULT_PLATFORM, HarnessSettings
 from runtime.policy import Decision
 from runtime.types import Effect, ToolSpec
 
@@ -45,9 +45,14 @@ layer_data = section(
         effects=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(list(SEVERITY))),
         trustedPreHandlerTools=name_lists,
     ),
-    # Features not built yet: the schema accepts only their "off" values (the full value range of
-    # their merge rules is covered by test_the_rules_of_features_not_built_yet_* below).
-    memory=section(enabled=st.just(False), scopes=st.just([]), maxChars=st.just(0)),
+    memory=section(
+        enabled=st.booleans(),
+        write=st.booleans(),
+        scopes=st.lists(st.sampled_from(["public", "user", "agent_user"]), max_size=3),
+        maxItems=small,
+        maxChars=small,
+    ),
+    # Delegation's full value range is covered by test_the_rules_of_raw_layers_* below.
     delegation=section(allowedEmployees=st.just([]), maxDepth=st.just(0), maxCount=st.just(0)),
     limits=section(
         timeoutMs=small,
@@ -80,9 +85,8 @@ layer_data = section(
         samplingRate=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
     ),
 )
-#: The value range the merge rules of features not built yet handle (the schema refuses all but
-#: "off" today); layers of these are built without the schema.
-not_built_data = st.fixed_dictionaries(
+#: Whole value ranges of some merge rules, in layers built without the schema.
+raw_data = st.fixed_dictionaries(
     {},
     optional={
         "memory.enabled": st.booleans(),
@@ -121,6 +125,7 @@ INTERSECTED = {
 UNIONED = {"tools.ask", "tools.deny", "paths.deny", "observability.redact"}
 CAPABILITIES = {
     "memory.enabled",
+    "memory.write",
     "observability.enabled",
     "observability.captureInputs",
     "observability.captureOutputs",
@@ -299,7 +304,15 @@ def test_the_plan_from_a_snapshot_dict_equals_the_plan_from_the_compilation(
     )
 
 
-NOT_BUILT_PATHS = [p for p in RULES if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT]
+RAW_PATHS = [
+    "memory.enabled",
+    "memory.scopes",
+    "memory.maxChars",
+    "delegation.allowedEmployees",
+    "delegation.maxDepth",
+    "delegation.maxCount",
+    "isolation.allowedConnectors",
+]
 
 
 def raw_layer(name: str, data: dict[str, Any]) -> Layer:
@@ -313,13 +326,13 @@ def raw_compiled(data: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @settings(deadline=None)
-@given(st.lists(not_built_data, max_size=5), not_built_data, st.integers(min_value=0, max_value=5))
-def test_the_rules_of_features_not_built_yet_never_loosen_and_ignore_order(
+@given(st.lists(raw_data, max_size=5), raw_data, st.integers(min_value=0, max_value=5))
+def test_the_rules_of_raw_layers_never_loosen_and_ignore_order(
     data: list[dict[str, Any]], extra: dict[str, Any], position: int
 ) -> None:
     before = raw_compiled(data)
     after = raw_compiled([*data[:position], extra, *data[position:]])
-    for path in NOT_BUILT_PATHS:
+    for path in RAW_PATHS:
         assert as_strict(path, after[path], before[path]), (path, after[path], before[path])
     assert raw_compiled(list(reversed(data))) == before
     for layer in data:

@@ -14,7 +14,6 @@ from harness.compile import RULES
 from harness.schema import (
     DEFAULT_PLATFORM,
     JSON_SCHEMA_PATH,
-    NOT_BUILT,
     HarnessLayer,
     HarnessSettings,
     SettingsInvalid,
@@ -33,7 +32,7 @@ FULL_LAYER: dict[str, Any] = {
         "effects": {"write": "write", "deploy": "external"},
         "trustedPreHandlerTools": ["edit"],
     },
-    "memory": {"enabled": False, "scopes": [], "maxChars": 0},
+    "memory": {"enabled": False, "write": False, "scopes": [], "maxItems": 0, "maxChars": 0},
     "delegation": {"allowedEmployees": [], "maxDepth": 0, "maxCount": 0},
     "limits": {
         "timeoutMs": 1000,
@@ -58,15 +57,7 @@ FULL_LAYER: dict[str, Any] = {
         "captureOutputs": False,
     },
 }
-"""Every field stated: memory (not built yet) at the only value the schema accepts for it,
-"off"; delegation (sub-agents) and observability (spans) off too."""
-
-#: A value asking for more than "off", for every field of a feature not built yet.
-NOT_OFF: dict[str, Any] = {
-    "memory.enabled": True,
-    "memory.scopes": ["public"],
-    "memory.maxChars": 1,
-}
+"""Every field stated: memory, delegation (sub-agents) and observability (spans) off."""
 
 
 def pointers(data: Any) -> list[str]:
@@ -260,9 +251,9 @@ def test_the_json_schema_is_valid_draft_2020_12_and_strict() -> None:
         {"isolation": {"allowedHosts": ["https://pypi.org"]}},
         {"memory": {"enabled": False, "scopes": [], "maxChars": 0}},
         {"isolation": {"allowedConnectors": []}},
-        # values the validator refuses as not built: the JSON Schema must refuse them too
-        {"memory": {"enabled": True}},
-        {"memory": {"scopes": ["public"]}},
+        # memory binds: more than "off" is accepted
+        {"memory": {"enabled": True, "write": True, "maxItems": 3}},
+        {"memory": {"scopes": ["public"], "maxChars": 10_000_001}},
         # connectors bind (MCP servers): names are accepted
         {"isolation": {"allowedConnectors": ["github", "*"]}},
         # delegation binds (sub-agents): more than "off" is accepted
@@ -280,63 +271,32 @@ def test_the_json_schema_agrees_with_the_validator(data: dict[str, Any]) -> None
     assert json_schema_valid == (settings_problems(data) == [])
 
 
-# --- Features not built yet: only "off" --------------------------------------------------------
+# --- memory --------------------------------------------------------------------------------------
 
 
-def not_built_paths() -> set[str]:
-    return {p for p in RULES if p in NOT_BUILT or p.split(".")[0] in NOT_BUILT}
-
-
-def test_every_field_of_a_feature_not_built_yet_has_a_refused_value_here() -> None:
-    assert set(NOT_OFF) == not_built_paths()
-
-
-@pytest.mark.parametrize(("path", "value"), sorted(NOT_OFF.items()))
-def test_a_value_asking_for_more_than_off_is_refused_naming_why(path: str, value: Any) -> None:
-    section, key = path.split(".")
-    problems = settings_problems({section: {key: value}})
-    assert [(p["pointer"], p["code"]) for p in problems] == [(f"/{section}/{key}", "not_built")]
-    detail = problems[0]["detail"]
-    why = NOT_BUILT.get(path) or NOT_BUILT[section]
-    off = "[]" if isinstance(value, list) else "false" if isinstance(value, bool) else "0"
-    assert detail == f"{why}, so {path} only accepts {off}: nothing would enforce another value"
-
-
-@pytest.mark.parametrize("path", sorted(NOT_OFF))
-def test_the_off_value_of_a_feature_not_built_yet_is_accepted(path: str) -> None:
-    section, key = path.split(".")
-    off = FULL_LAYER[section][key]
-    assert settings_problems({section: {key: off}}) == []
-    assert DEFAULT_PLATFORM[section][key] == off
-
-
-def test_every_not_built_problem_is_reported_at_once_with_a_prefix() -> None:
-    data: dict[str, dict[str, Any]] = {}
-    for path, value in NOT_OFF.items():
-        section, key = path.split(".")
-        data.setdefault(section, {})[key] = value
-    with pytest.raises(SettingsInvalid) as caught:
-        layer_validate(data, ("settings",))
-    assert sorted(p["pointer"] for p in caught.value.problems) == sorted(
-        "/settings/" + path.replace(".", "/") for path in NOT_OFF
-    )
-    assert {p["code"] for p in caught.value.problems} == {"not_built"}
-
-
-def test_a_wrong_type_in_a_field_not_built_is_a_type_error_not_a_not_built_one() -> None:
-    problems = settings_problems({"memory": {"enabled": "yes", "scopes": ["team"]}})
-    assert sorted((p["pointer"], p["code"]) for p in problems) == [
-        ("/memory/enabled", "bool_type"),
-        ("/memory/scopes/0", "literal_error"),
+def test_the_memory_section_binds_read_write_scopes_items_and_size() -> None:
+    layer = {
+        "memory": {
+            "enabled": True,
+            "write": False,
+            "scopes": ["public", "agent_user"],
+            "maxItems": 5,
+            "maxChars": 2000,
+        }
+    }
+    assert settings_problems(layer) == []
+    problems = settings_problems({"memory": {"maxItems": 1001, "maxChars": -1, "scopes": ["x"]}})
+    assert sorted(p["pointer"] for p in problems) == [
+        "/memory/maxChars",
+        "/memory/maxItems",
+        "/memory/scopes/0",
     ]
 
 
-def test_compiled_settings_refuse_a_feature_not_built_too() -> None:
-    for path, value in NOT_OFF.items():
-        section, key = path.split(".")
-        data = {**DEFAULT_PLATFORM, section: {**DEFAULT_PLATFORM[section], key: value}}
-        with pytest.raises(ValueError, match="nothing would enforce another value"):
-            HarnessSettings.model_validate(data)
+def test_a_snapshot_compiled_before_memory_was_built_reads_as_memory_off() -> None:
+    old = {**DEFAULT_PLATFORM, "memory": {"enabled": False, "scopes": [], "maxChars": 0}}
+    memory = HarnessSettings.model_validate(old).memory
+    assert (memory.enabled, memory.write, memory.max_items) == (False, False, 0)
 
 
 # --- paths and isolation.allowedHosts -----------------------------------------------------------

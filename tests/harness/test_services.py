@@ -86,10 +86,17 @@ def test_no_seeded_profile_names_a_tool_that_does_not_exist() -> None:
         assert named <= known, (tag, named - known)
 
 
-def test_the_seeded_profiles_leave_what_is_not_built_off() -> None:
+def test_the_seeded_profiles_take_the_platforms_memory_spans_and_delegation() -> None:
     for tag in ("default", "safe", "file-heavy"):
         settings = harness_snapshot(tag=tag)["settings"]
-        assert settings["memory"] == {"enabled": False, "scopes": [], "maxChars": 0}
+        # Memory is built: the platform reads and writes every scope, 20 items, 4,000 chars.
+        assert settings["memory"] == {
+            "enabled": True,
+            "write": True,
+            "scopes": ["agent_user", "public", "user"],
+            "maxItems": 20,
+            "maxChars": 4000,
+        }
         # Sub-agents (delegation) are built: the platform's ceiling applies.
         assert settings["delegation"] == {"allowedEmployees": ["*"], "maxDepth": 1, "maxCount": 10}
         assert settings["isolation"]["allowedConnectors"] == []
@@ -301,7 +308,7 @@ def test_a_snapshot_names_its_profile_version_settings_provenance_and_layers() -
     assert snapshot["provenance"]["limits.maxTokens"] == "pattern"
     assert snapshot["provenance"]["paths.deny"] == "employee:alice"
     # Stating the "off" the platform already has tightens nothing: the platform stays the source.
-    assert snapshot["provenance"]["memory.enabled"] == "platform"
+    assert snapshot["provenance"]["memory.enabled"] == "employee:alice"  # it switched memory off
     assert snapshot["provenance"]["limits.maxCost"] == "run"
     assert snapshot["provenance"]["tools.deny"] == "profile:safe@1"
     assert json.loads(json.dumps(snapshot)) == snapshot
@@ -324,21 +331,14 @@ def test_an_invalid_layer_is_refused_with_pointers_into_that_layer() -> None:
     assert [e["pointer"] for e in caught.value.extra["errors"]] == ["/employee/harness/x"]
 
 
-def test_a_layer_asking_for_a_feature_not_built_is_refused_with_its_pointer() -> None:
+def test_a_layer_with_a_bad_memory_value_is_refused_with_its_pointer() -> None:
     with pytest.raises(InvalidInput) as caught:
-        harness_snapshot(
-            tag="default",
-            pattern_layer={"memory": {"maxChars": 3}},
-            employee_layer={"observability": {"enabled": True}},
-        )
+        harness_snapshot(tag="default", pattern_layer={"memory": {"maxChars": -3}})
     (error,) = caught.value.extra["errors"]
-    assert (error["pointer"], error["code"]) == ("/pattern/memory/maxChars", "not_built")
-    assert "no agent memory yet" in error["detail"]
+    assert error["pointer"] == "/pattern/memory/maxChars"
     with pytest.raises(InvalidInput) as caught:
-        profile_create(tag="mem", settings={"memory": {"enabled": True}})
-    assert [(e["pointer"], e["code"]) for e in caught.value.extra["errors"]] == [
-        ("/settings/memory/enabled", "not_built")
-    ]
+        profile_create(tag="mem", settings={"memory": {"write": "yes"}})
+    assert [e["pointer"] for e in caught.value.extra["errors"]] == ["/settings/memory/write"]
     assert not HarnessProfile.objects.filter(tag="mem").exists()
 
 

@@ -90,6 +90,9 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             "connector-refresh": ("/connectors/x/refresh", {}, Role.ADMIN),
             "a2a-agents": ("/a2a-agents", {"name": "x"}, Role.ADMIN),
             "a2a-agent-refresh": ("/a2a-agents/x/refresh", {}, Role.ADMIN),
+            # The guard refuses before the item is looked up (tests/memory/test_inspector.py).
+            "memory-edit": (f"/memory/{run}/edit", {"content": "x"}, Role.OPERATOR),
+            "memory-delete": (f"/memory/{run}/delete", {}, Role.OPERATOR),
         }
     )
     return targets
