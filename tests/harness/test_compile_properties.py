@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.compile import (
-    RULES,
     Layer,
     harness_compile,
     host_covers,
