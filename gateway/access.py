@@ -1,12 +1,14 @@
 """Who may call which employee at ``/v1/...``, and what a chat needs from the database.
 
-Every function here runs on a thread with a database connection (:func:`gateway.dbpool.db_call`).
+Every function here runs on a thread with a database connection
+(:func:`orchestrator.dbpool.db_call`).
 A chat's preparation is reused while one stamp query finds nothing it was read from changed
 (:mod:`gateway.prepared_cache`).
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,7 +16,6 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from gateway import services
-from gateway.dbpool import db_call
 from gateway.errors import OpenAIError, invalid_api_key, model_not_found, permission_denied
 from gateway.prepared_cache import ReuseCache, Stamp, stamp_read
 from gateway.validation import CompletionRequest
@@ -27,8 +28,11 @@ from orchestrator.accounts.services import (
 from orchestrator.agents.clients import breaker_offloaded
 from orchestrator.agents.models import Employee
 from orchestrator.agents.wiring import EmployeeProfile, ProfileCache
+from orchestrator.dbpool import db_call
 from orchestrator.errors import DomainError
 from runtime.guardrails import GuardrailConfig, parse_guardrail_config
+from runtime.invocation import InvocationRequest, LoopRole
+from runtime.prompt_context import prompt_blocks_here
 
 #: The employees' profiles of this process's chats; their model clients' breaker reads the
 #: database (no Redis) on the endpoint's database threads.
@@ -96,6 +100,8 @@ class Prepared:
     harness: dict[str, Any]
     guardrails: GuardrailConfig
     request: CompletionRequest
+    #: The apps' prompt blocks for this request (agent memory), read in the same trip.
+    prompt_blocks: tuple[str, ...] = ()
 
 
 def prepare(user: User, request: CompletionRequest) -> Prepared:
@@ -133,6 +139,23 @@ def prepare_for(authorization: str, request: CompletionRequest | OpenAIError) ->
     if split is not None and stamp is not None:
         _PREPARED.put((split[0], request.model), stamp, prepared)
     return prepared
+
+
+def prepare_chat(authorization: str, request: CompletionRequest | OpenAIError) -> Prepared:
+    """:func:`prepare_for`, with the apps' prompt blocks for this request read on the same
+    thread (never reused: memory changes between requests)."""
+    prepared = prepare_for(authorization, request)
+    chat = InvocationRequest(
+        run_id=uuid.uuid4(),
+        role=LoopRole.MAKER,
+        invocation="chat",
+        employee_username=prepared.profile.username,
+        goal="",
+        harness=prepared.harness,
+        conversation=tuple(prepared.request.messages),
+        user=prepared.user.username,
+    )
+    return replace(prepared, prompt_blocks=prompt_blocks_here(chat))
 
 
 def _reused(split: tuple[str, str], request: CompletionRequest, stamp: Stamp) -> Prepared | None:

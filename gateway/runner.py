@@ -25,7 +25,6 @@ from django.utils import timezone
 
 from gateway import services, tracing
 from gateway.access import PROFILES, Prepared
-from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
 from gateway.models import new_completion_id
 from gateway.validation import CompletionRequest
@@ -34,6 +33,7 @@ from orchestrator.agents.wiring import (
     employee_tool_loop,
     employee_tool_registry,
 )
+from orchestrator.dbpool import db_call
 from runtime.chat import ChatEvent, ChatFailed, ChatResult, ChatTurn, chat_complete
 from runtime.guardrails import (
     GuardrailReport,
@@ -74,9 +74,10 @@ def _pooled() -> None:
         POOLED_LOOPS.add(loop)
 
 
-def _turn(request: CompletionRequest, user: str) -> ChatTurn:
+def _turn(request: CompletionRequest, prepared: Prepared) -> ChatTurn:
     return ChatTurn(
-        user=user,
+        user=prepared.user.username,
+        prompt_blocks=prepared.prompt_blocks,
         messages=request.messages,
         client_tools=request.tools,
         tool_choice=request.tool_choice,
@@ -148,7 +149,7 @@ class Chat:
                 invoker,
                 employee=prepared.profile.username,
                 harness=prepared.harness,
-                turn=_turn(self.request, prepared.user.username),
+                turn=_turn(self.request, prepared),
                 sink=observed,
             )
         if secrets:

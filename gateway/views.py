@@ -23,9 +23,9 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from gateway import access, runner, tracing
-from gateway.dbpool import db_call
 from gateway.errors import OpenAIError
 from gateway.validation import CompletionRequest, chat_request, parse_body
+from orchestrator.dbpool import db_call
 from orchestrator.logcontext import REQUEST_ID
 from orchestrator.middleware import declared_length, request_id_of
 
@@ -115,7 +115,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         body: CompletionRequest | OpenAIError = chat_request(parse_body(request.body))
     except OpenAIError as exc:
         body = exc
-    prepared = await db_call(access.prepare_for, _authorization(request), body)
+    prepared = await db_call(access.prepare_chat, _authorization(request), body)
     chat = runner.Chat(prepared.request, prepared, request.trace)  # type: ignore[attr-defined]
     if not prepared.request.stream:
         return JsonResponse(await runner.complete(chat), json_dumps_params={"ensure_ascii": False})

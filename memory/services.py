@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
 
 from memory.models import MemoryItem, MemoryItemScope, MemoryUse, MemoryUseKind
@@ -255,8 +255,37 @@ def memory_context(
     :func:`render_block`), and the ids of the items it holds. ``("", [])`` for nothing."""
     if max_items <= 0 or max_chars <= 0:
         return "", []
-    items = list(memory_visible(employee=employee, user=user, scopes=scopes)[:max_items])
-    return render_block(items, max_chars)
+    return render_block(newest_visible(employee, user, scopes, max_items), max_chars)
+
+
+def newest_visible(
+    employee: str, user: str, scopes: Collection[str], limit: int
+) -> list[MemoryItem]:
+    """``memory_visible(...)[:limit]`` (scope and content only) in one hand-written statement:
+    every chat and invocation reads it before its first model call, so the ORM's query
+    building is left out (docs/performance.md)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if MemoryItemScope.PUBLIC in scopes:
+        where.append("scope = %s")
+        params.append(MemoryItemScope.PUBLIC.value)
+    if user and MemoryItemScope.USER in scopes:
+        where.append("(scope = %s AND username = %s)")
+        params += [MemoryItemScope.USER.value, user]
+    if user and employee and MemoryItemScope.AGENT_USER in scopes:
+        where.append("(scope = %s AND username = %s AND employee = %s)")
+        params += [MemoryItemScope.AGENT_USER.value, user, employee]
+    if not where:
+        return []
+    table = MemoryItem._meta.db_table
+    sql = (
+        f"SELECT id, scope, content FROM {table} WHERE {' OR '.join(where)} "  # noqa: S608 (constants)
+        "ORDER BY created_at DESC LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, limit])
+        rows = cursor.fetchall()
+    return [MemoryItem(id=uuid.UUID(str(i)), scope=s, content=c) for i, s, c in rows]
 
 
 def memory_inject(

@@ -7,7 +7,7 @@ own. What the skipped middlewares would give these views (bearer tokens instead 
 CSRF, the body bound as an OpenAI-shaped 413, the request id) the views do themselves. The
 request signals' receivers (Django's per-thread connection and cache housekeeping, sent on a
 worker thread) are not run: these views use no per-request thread; their database threads
-refresh their own connections (:mod:`gateway.dbpool`).
+refresh their own connections (:mod:`orchestrator.dbpool`).
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ class ChatTurn:
     stream: bool = False
     #: The caller (its username), the person the chat is for.
     user: str = ""
+    #: The prompt blocks read with the request's preparation (``InvocationRequest.prompt_blocks``).
+    prompt_blocks: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -435,6 +437,7 @@ async def chat_complete(
         conversation=tuple(turn.messages),
         client_tools=tuple(turn.client_tools),
         user=turn.user,
+        prompt_blocks=turn.prompt_blocks,
     )
     policy = without_workdir_tools(await _resolve(invoker.policy(request)), invoker.tools.specs())
     _client_tool_names(turn, Toolset(invoker.tools, policy).offered)

@@ -65,6 +65,9 @@ class InvocationRequest:
     #: The person the work is for: the run's ``triggered_by`` (a username, or ``scheduler``),
     #: the chat endpoint's caller; "" when nobody is known. Memory's ``user`` scopes key on it.
     user: str = ""
+    #: The prompt blocks of the apps (``runtime.prompt_context``), when the caller read them
+    #: already (a chat, with its preparation); None: the employee's prompt asks for them.
+    prompt_blocks: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 An app registers a :class:`PromptContextProvider` once (its ``ready()``); the employee's prompt
 (``orchestrator.agents.wiring.employee_system_prompt``) asks each for its block of the
-invocation and appends what they give, in registration order. A block is part of the prompt,
-so the first model step of the invocation records it with the prompt (a resume replays that
-prompt, not a fresh block). A provider that fails adds nothing: its failure is logged, the
-invocation goes on.
+invocation and appends what they give, in registration order. A caller already on a database
+thread (the chat endpoint's preparation) reads them there (:func:`prompt_blocks_here`) and hands
+them over in ``InvocationRequest.prompt_blocks``, saving the request path a thread hop. A block
+is part of the prompt, so the first model step of the invocation records it with the prompt (a
+resume replays that prompt, not a fresh block). A provider that fails adds nothing: its failure
+is logged, the invocation goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ logger = logging.getLogger(__name__)
 class PromptContextProvider(Protocol):
     async def prompt_block(self, request: InvocationRequest) -> str:
         """The block to append for ``request`` ("" for none)."""
+        ...
+
+    def prompt_block_here(self, request: InvocationRequest) -> str:
+        """:meth:`prompt_block`, on a thread that may use the database."""
         ...
 
 
@@ -45,3 +51,17 @@ async def prompt_blocks(request: InvocationRequest) -> list[str]:
         if block:
             blocks.append(block)
     return blocks
+
+
+def prompt_blocks_here(request: InvocationRequest) -> tuple[str, ...]:
+    """:func:`prompt_blocks`, read on this thread (one that may use the database)."""
+    blocks = []
+    for provider in tuple(_PROVIDERS):
+        try:
+            block = provider.prompt_block_here(request)
+        except Exception:
+            logger.exception("prompt context of %s failed", type(provider).__name__)
+            continue
+        if block:
+            blocks.append(block)
+    return tuple(blocks)

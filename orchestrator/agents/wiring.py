@@ -194,7 +194,10 @@ async def employee_system_prompt(profile: EmployeeProfile, request: InvocationRe
     add (``runtime.prompt_context``: agent memory)."""
     base = default_system_prompt(request)
     prompt = f"{profile.system_prompt}\n\n{base}" if profile.system_prompt else base
-    return "\n\n".join([prompt, *await prompt_blocks(request)])
+    blocks = request.prompt_blocks
+    if blocks is None:
+        blocks = tuple(await prompt_blocks(request))
+    return "\n\n".join([prompt, *blocks])
 
 
 def employee_tool_loop(

@@ -17,7 +17,7 @@ import uvicorn
 from django.contrib.auth.models import User
 
 from gateway import runner
-from gateway.dbpool import db_threads_close
+from orchestrator.dbpool import db_threads_close
 from gateway.services import grant_create
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure

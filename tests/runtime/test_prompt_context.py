@@ -18,11 +18,17 @@ class Fixed:
         self.text = text
 
     async def prompt_block(self, request: InvocationRequest) -> str:
+        return self.prompt_block_here(request)
+
+    def prompt_block_here(self, request: InvocationRequest) -> str:
         return f"{self.text} for {request.user}" if self.text else ""
 
 
 class Broken:
     async def prompt_block(self, request: InvocationRequest) -> str:
+        raise RuntimeError("the store is down")
+
+    def prompt_block_here(self, request: InvocationRequest) -> str:
         raise RuntimeError("the store is down")
 
 
@@ -53,4 +59,6 @@ def test_blocks_come_in_order_and_a_failing_provider_adds_nothing(
         "<memo> for alice",
         "<kb> for alice",
     ]
+    # On a database thread already (the chat endpoint's preparation): the same blocks.
+    assert prompt_context.prompt_blocks_here(request) == ("<memo> for alice", "<kb> for alice")
     assert "prompt context of Broken failed" in caplog.text

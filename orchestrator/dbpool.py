@@ -1,4 +1,5 @@
-"""The endpoint's database work on a few long-lived threads that keep their connections.
+"""The web process's request-path database work (the OpenAI-compatible endpoint, the prompt
+blocks of its chats) on a few long-lived threads that keep their connections.
 
 Django's ASGI handler gives every request its own thread for ``sync_to_async`` work, and so its
 own database connection: a connect per request, and as many connections as requests in flight
@@ -32,7 +33,7 @@ from orchestrator.bare_asgi import BARE_REQUEST
 
 T = TypeVar("T")
 DB_THREADS = 4
-_EXECUTOR = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
+_EXECUTOR = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="web-db")
 
 
 #: A connection idle for longer than this gets Django's per-request refresh (and health check,
