@@ -11,18 +11,22 @@ from orchestrator.strict import StrictModelSerializer
 _TAGS_HELP = f"At most {MAX_TAGS} distinct labels of at most {MAX_TAG_CHARS} characters."
 
 
+def _tags_field() -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.CharField(max_length=MAX_TAG_CHARS),
+        max_length=MAX_TAGS,
+        required=False,
+        help_text=_TAGS_HELP,
+    )
+
+
 class MemoryItemSerializer(StrictModelSerializer[MemoryItem]):
     content = serializers.CharField(
         max_length=MAX_CONTENT_CHARS,
         trim_whitespace=False,
         help_text=f"The remembered text, at most {MAX_CONTENT_CHARS} characters.",
     )
-    tags = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_TAG_CHARS),
-        max_length=MAX_TAGS,
-        required=False,
-        help_text=_TAGS_HELP,
-    )
+    tags = _tags_field()
 
     class Meta:
         model = MemoryItem
@@ -55,12 +59,7 @@ class MemoryItemEditSerializer(StrictModelSerializer[MemoryItem]):
     content = serializers.CharField(
         max_length=MAX_CONTENT_CHARS, trim_whitespace=False, required=False
     )
-    tags = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_TAG_CHARS),
-        max_length=MAX_TAGS,
-        required=False,
-        help_text=_TAGS_HELP,
-    )
+    tags = _tags_field()
 
     class Meta:
         model = MemoryItem

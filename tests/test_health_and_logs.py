@@ -7,16 +7,17 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 
-from orchestrator.logcontext import RUN_ID, JsonFormatter, log_format
+from orchestrator.logcontext import RUN_ID, log_format
 from orchestrator.middleware import RequestIdMiddleware
+from tests.support.logs import json_lines
 
+__all__ = ["json_lines"]
 pytestmark = pytest.mark.django_db
 
 
@@ -37,18 +38,6 @@ def test_readyz_names_a_dependency_that_does_not_answer(client: Client) -> None:
     body = response.json()
     assert body["status"] == "error" and body["redis"].startswith("error: ")
     assert body["database"] in ("sqlite", "postgresql")
-
-
-@pytest.fixture
-def json_lines() -> Iterator[io.StringIO]:
-    """The root logger's lines as JSON, for the test's length."""
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    yield out
-    root.removeHandler(handler)
 
 
 def test_json_lines_carry_the_request_id_of_the_request(json_lines: io.StringIO) -> None:

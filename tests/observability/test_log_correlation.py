@@ -9,7 +9,6 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
@@ -23,7 +22,7 @@ from loops.services.claims import run_claim
 from loops.services.runs import run_trigger
 from loops.spans import invocation_span_id, run_span_id
 from loops.worker.engine import drive_run
-from orchestrator.logcontext import RUN_ID, TRACE_ID, JsonFormatter
+from orchestrator.logcontext import RUN_ID, TRACE_ID
 from orchestrator.tracecontext import TraceparentMiddleware
 from runtime.invocation import (
     InvocationOutcome,
@@ -35,23 +34,11 @@ from runtime.invocation import (
 )
 from tests.support.approvals import InlineDriver
 from tests.support.factories import make_pattern, make_run
+from tests.support.logs import json_lines
 
+__all__ = ["json_lines"]
 pytestmark = pytest.mark.django_db
 CALLER = "0af7651916cd43dd8448eb211c80319c"
-
-
-@pytest.fixture
-def json_lines() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    old_level = root.level
-    root.setLevel(logging.INFO)
-    yield out
-    root.setLevel(old_level)
-    root.removeHandler(handler)
 
 
 def lines(out: io.StringIO, message: str) -> list[dict[str, Any]]:
