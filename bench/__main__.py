@@ -36,6 +36,8 @@ BENCHMARKS = [
     "gateway_stream",
     # Live run streams (issue 22): 500 idle streams' database cost, an event's fan-out latency.
     "streams",
+    # Knowledge bases (issue 23): full-text and hybrid search over 100,000 chunks, ingest.
+    "knowledge",
     # LangGraph + PostgresSaver's own rows (optional extra ``bench``; says so when missing).
     "peer_langgraph",
 ]

@@ -44,12 +44,12 @@ from connectors.a2a_services import (
 )
 from connectors.models import A2AAgent, A2ACall
 from connectors.offered import OfferedTools
-from connectors.reach import network_refusal
 from connectors.services import failure_reason
 from connectors.tools import BREAKER_COOLDOWN_SECONDS, breaker_failed
 from harness.planner import A2A_PREFIX
 from orchestrator.dbthreads import OffLoopDb
 from runtime.outbound import OutboundRefused
+from runtime.reach import network_refusal
 from runtime.run_artifacts import store_run_artifact
 from runtime.run_cancellation import run_was_canceled
 from runtime.tools.base import Tool, ToolContext, ToolResult

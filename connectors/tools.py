@@ -27,11 +27,11 @@ from connectors.mcp_client import CallAnswer, ServerAccess, call_tool
 from connectors.models import McpServer
 from connectors.naming import PREFIX, effect_of
 from connectors.offered import OfferedTools
-from connectors.reach import network_refusal
 from connectors.services import failure_reason, mcp_server_refresh_by_name, server_access
 from orchestrator.dbthreads import OffLoopDb
 from runtime.breaker import CircuitBreaker, Verdict
 from runtime.outbound import OutboundRefused
+from runtime.reach import network_refusal
 from runtime.tools.base import Tool, ToolContext, ToolResult
 from runtime.tools.bash import call_network
 from runtime.types import Effect, ToolSpec

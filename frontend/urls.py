@@ -18,6 +18,7 @@ from frontend.views import (
     runs,
     skills,
 )
+from frontend.views import knowledge as knowledge_pages
 
 app_name = "ui"
 _ACTIONS = "pause|resume|cancel|escalate|accept"
@@ -110,6 +111,21 @@ urlpatterns = [
     path("memory/<str:item_id>", memory.memory_detail, name="memory-item"),
     path("memory/<str:item_id>/edit", memory.memory_edit, name="memory-edit"),
     path("memory/<str:item_id>/delete", memory.memory_delete_view, name="memory-delete"),
+    # Knowledge bases (frontend/views/knowledge.py)
+    path("knowledge", knowledge_pages.knowledge_list, name="knowledge"),
+    path("knowledge/access", knowledge_pages.knowledge_access, name="knowledge-access"),
+    path("knowledge/retrievals", knowledge_pages.knowledge_retrievals, name="knowledge-retrievals"),
+    path("knowledge/<slug:key>", knowledge_pages.knowledge_detail, name="knowledge-base"),
+    path(
+        "knowledge/<slug:key>/documents",
+        knowledge_pages.knowledge_upload,
+        name="knowledge-upload",
+    ),
+    path(
+        "knowledge/<slug:key>/search",
+        knowledge_pages.knowledge_test_search,
+        name="knowledge-search",
+    ),
     # "/metrics" is the Prometheus exposition (orchestrator/metrics_view.py).
     path("ui/metrics", metrics.metrics, name="metrics"),
     # Live updates (server-sent events)

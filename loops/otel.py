@@ -25,6 +25,7 @@ OPERATIONS = {
     "subagent": "execute_tool",
     "mcp": "execute_tool",
     "a2a": "execute_tool",
+    "retrieval": "execute_tool",
 }
 
 

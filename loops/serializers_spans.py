@@ -20,6 +20,7 @@ class SpanSerializer(serializers.Serializer[dict[str, Any]]):
             "subagent",
             "mcp",
             "a2a",
+            "retrieval",
             "approval",
         ]
     )

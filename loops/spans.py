@@ -174,6 +174,8 @@ def tool_kind(name: str) -> str:
         return "skill"
     if name == "dispatch_sub_agent_task":
         return "subagent"
+    if name in ("knowledge_search", "external_rag_search"):
+        return "retrieval"
     return "tool"
 
 

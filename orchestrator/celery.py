@@ -26,6 +26,7 @@ app.conf.update(
     task_routes={
         "loops.*": {"queue": "loops"},
         "connectors.*": {"queue": "loops"},
+        "knowledge.*": {"queue": "loops"},
         "skillhub.*": {"queue": "skills"},
     },
     beat_schedule={

@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "gateway",
     "connectors",
     "memory",
+    "knowledge",
     "frontend",
     "a2a_server",
 ]

@@ -29,6 +29,7 @@ urlpatterns = [
     path("api/v1/", include("gateway.urls")),
     path("api/v1/", include("connectors.urls")),
     path("api/v1/", include("memory.urls")),
+    path("api/v1/", include("knowledge.urls")),
     # OpenAI-compatible: AI employees as models (docs/openai-endpoint.md).
     path("v1/", include("gateway.openai_urls")),
     path("", include("frontend.urls")),

@@ -1,10 +1,10 @@
-"""The harness network rule for connector calls (``connectors.reach``), pure."""
+"""The harness network rule for connector calls (``runtime.reach``), pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from connectors.reach import network_refusal
+from runtime.reach import network_refusal
 
 URLS = ["https://mcp.example.com/mcp", "https://agents.example.org/a2a"]
 

@@ -14,7 +14,7 @@ from loops.services.spans import run_spans
 from loops.spans import Span
 
 #: Leaf kinds: the calls the slow marks compare.
-CALLS = frozenset({"model", "tool", "skill", "subagent", "mcp", "a2a"})
+CALLS = frozenset({"model", "tool", "skill", "subagent", "mcp", "a2a", "retrieval"})
 MIN_WIDTH = 0.4  # percent: an instant call stays visible and clickable
 
 

@@ -251,6 +251,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "connectors": ("/connectors",),
         "a2a-agents": ("/a2a-agents",),
         "memory": ("/memory",),
+        "knowledge": ("/knowledge",),
         "metrics": ("/ui/metrics",),
     }
     current = path == "/" if section == "monitor" else False

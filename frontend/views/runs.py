@@ -15,6 +15,7 @@ from frontend.access import actor_of, can, ui_view
 from frontend.forms import ActionForm
 from frontend.selectors import patterns, runs
 from frontend.selectors.budgets import run_budget_sections
+from frontend.selectors.retrievals import run_retrievals
 from frontend.selectors.waterfall import run_waterfall
 from frontend.templatetags.ui import short_id
 from frontend.views.approvals import run_approvals
@@ -117,6 +118,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "last_step_seq": steps[-1].seq if steps else 0,
         "open_steps": ",".join(str(s.seq) for s in steps if s.status in runs.OPEN_STEP_STATUSES),
         "waterfall": run_waterfall(run, timezone.now()),
+        "retrievals": run_retrievals(run.id, run.role_bindings or {}),
     }
     return render(request, "frontend/runs/detail.html", context)
 

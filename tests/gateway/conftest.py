@@ -17,13 +17,13 @@ import uvicorn
 from django.contrib.auth.models import User
 
 from gateway import runner
-from orchestrator.dbpool import db_threads_close
 from gateway.services import grant_create
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from orchestrator.agents.models import Employee
 from orchestrator.agents.services import employee_create, model_endpoint_create
 from orchestrator.agents.wiring import employee_tool_registry
+from orchestrator.dbpool import db_threads_close
 from runtime.model_pool import close_http_pool
 from runtime.tools import ToolContext, ToolResult
 from runtime.types import Effect, ToolSpec

@@ -130,6 +130,13 @@ RIGHTS: dict[str, dict[str, str]] = {
     "memory-list": {**READ, "POST": OPERATOR},
     "memory-detail": {**READ, "PATCH": OPERATOR, "DELETE": OPERATOR},
     "memory-uses": READ,
+    # knowledge bases: everyone reads, operators write (docs/knowledge.md)
+    "ui:knowledge": READ,
+    "ui:knowledge-base": READ,
+    "ui:knowledge-retrievals": READ,
+    "ui:knowledge-access": {"GET": VIEWER, "POST": OPERATOR},
+    "ui:knowledge-upload": {"POST": OPERATOR},
+    "ui:knowledge-search": {"POST": OPERATOR},
     "mcp-server-list": {**READ, "POST": ADMIN},
     "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
     "mcp-server-refresh": {"POST": ADMIN},

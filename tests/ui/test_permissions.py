@@ -93,6 +93,10 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             # The guard refuses before the item is looked up (tests/memory/test_inspector.py).
             "memory-edit": (f"/memory/{run}/edit", {"content": "x"}, Role.OPERATOR),
             "memory-delete": (f"/memory/{run}/delete", {}, Role.OPERATOR),
+            # The guard refuses before the base is looked up (tests/knowledge/test_knowledge_ui.py).
+            "knowledge-access": ("/knowledge/access", {}, Role.OPERATOR),
+            "knowledge-upload": ("/knowledge/x/documents", {}, Role.OPERATOR),
+            "knowledge-search": ("/knowledge/x/search", {"query": "x"}, Role.OPERATOR),
         }
     )
     return targets

@@ -1,5 +1,6 @@
-"""Whether a role's network reaches a connector: the harness's ``isolation.networkAccess`` and
-``allowedHosts`` apply to MCP and A2A calls as to the sandbox (docs/interop.md). Pure."""
+"""Whether a role's network reaches a service a tool calls: the harness's
+``isolation.networkAccess`` and ``allowedHosts`` apply to MCP and A2A calls and to external
+knowledge bases as to the sandbox (docs/interop.md, docs/knowledge.md). Pure."""
 
 from __future__ import annotations
 
