@@ -8,7 +8,6 @@ A chat's preparation is reused while one stamp query finds nothing it was read f
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,8 +29,8 @@ from orchestrator.agents.models import Employee
 from orchestrator.agents.wiring import EmployeeProfile, ProfileCache
 from orchestrator.dbpool import db_call
 from orchestrator.errors import DomainError
+from runtime.chat import ChatTurn, chat_invocation
 from runtime.guardrails import GuardrailConfig, parse_guardrail_config
-from runtime.invocation import InvocationRequest, LoopRole
 from runtime.prompt_context import prompt_blocks_here
 
 #: The employees' profiles of this process's chats; their model clients' breaker reads the
@@ -145,16 +144,8 @@ def prepare_chat(authorization: str, request: CompletionRequest | OpenAIError) -
     """:func:`prepare_for`, with the apps' prompt blocks for this request read on the same
     thread (never reused: memory changes between requests)."""
     prepared = prepare_for(authorization, request)
-    chat = InvocationRequest(
-        run_id=uuid.uuid4(),
-        role=LoopRole.MAKER,
-        invocation="chat",
-        employee_username=prepared.profile.username,
-        goal="",
-        harness=prepared.harness,
-        conversation=tuple(prepared.request.messages),
-        user=prepared.user.username,
-    )
+    turn = ChatTurn(messages=prepared.request.messages, user=prepared.user.username)
+    chat = chat_invocation(employee=prepared.profile.username, harness=prepared.harness, turn=turn)
     return replace(prepared, prompt_blocks=prompt_blocks_here(chat))
 
 

@@ -93,19 +93,23 @@ def span_id_of(seed: str, key: str) -> str:
     return digest if int(digest, 16) else "0000000000000001"
 
 
-def _seed(run: RunFacts) -> str:
+def _seed_of(trace_id: str, run_id: str) -> str:
     # Runs started by one event share the caller's trace id; their span ids must differ.
-    return f"{run.trace_id}:{run.run_id}"
+    return f"{trace_id}:{run_id}"
+
+
+def _seed(run: RunFacts) -> str:
+    return _seed_of(run.trace_id, run.run_id)
 
 
 def run_span_id(trace_id: str, run_id: str) -> str:
     """The span id of a run's root span (what its log lines name outside an invocation)."""
-    return span_id_of(f"{trace_id}:{run_id}", "run")
+    return span_id_of(_seed_of(trace_id, run_id), "run")
 
 
 def invocation_span_id(trace_id: str, run_id: str, invocation: str) -> str:
     """The span id of a role invocation's span (what its log lines name)."""
-    return span_id_of(f"{trace_id}:{run_id}", f"invocation:{invocation}")
+    return span_id_of(_seed_of(trace_id, run_id), f"invocation:{invocation}")
 
 
 def observed(run: RunFacts, role: str, invocation: str) -> Observed:

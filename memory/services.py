@@ -297,11 +297,12 @@ def memory_inject(
     max_chars: int,
     origin: UseOrigin,
 ) -> str:
-    """:func:`memory_context`, with one ``injected`` use recorded per item it holds."""
+    """:func:`memory_context`, with one ``injected`` use recorded per item it holds (by id:
+    the items are not read again)."""
     block, ids = memory_context(
         employee=employee, user=user, scopes=scopes, max_items=max_items, max_chars=max_chars
     )
     if ids:
-        items = list(MemoryItem.objects.filter(pk__in=ids))
-        memory_uses_record(items, MemoryUseKind.INJECTED, origin)
+        held = [MemoryItem(id=item_id) for item_id in ids]
+        memory_uses_record(held, MemoryUseKind.INJECTED, origin)
     return block

@@ -414,6 +414,23 @@ _FAILURES: dict[str, tuple[str, int]] = {
 }
 
 
+def chat_invocation(*, employee: str, harness: dict[str, Any], turn: ChatTurn) -> InvocationRequest:
+    """The request-scoped invocation that answers ``turn`` as ``employee`` (its ``run_id`` is
+    no run's)."""
+    return InvocationRequest(
+        run_id=uuid.uuid4(),
+        role=LoopRole.MAKER,
+        invocation="chat",
+        employee_username=employee,
+        goal="",
+        harness=harness,
+        conversation=tuple(turn.messages),
+        client_tools=tuple(turn.client_tools),
+        user=turn.user,
+        prompt_blocks=turn.prompt_blocks,
+    )
+
+
 async def chat_complete(
     invoker: ToolLoopInvoker,
     *,
@@ -427,18 +444,7 @@ async def chat_complete(
     the compiled ``harness`` snapshot); see the module docstring. Raises :class:`ChatFailed`
     when it fails before any usable text; cancellation propagates at once."""
     emit = _emitter(sink)
-    request = InvocationRequest(
-        run_id=uuid.uuid4(),
-        role=LoopRole.MAKER,
-        invocation="chat",
-        employee_username=employee,
-        goal="",
-        harness=harness,
-        conversation=tuple(turn.messages),
-        client_tools=tuple(turn.client_tools),
-        user=turn.user,
-        prompt_blocks=turn.prompt_blocks,
-    )
+    request = chat_invocation(employee=employee, harness=harness, turn=turn)
     policy = without_workdir_tools(await _resolve(invoker.policy(request)), invoker.tools.specs())
     _client_tool_names(turn, Toolset(invoker.tools, policy).offered)
     inner: ModelClient = (
