@@ -19,7 +19,7 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from knowledge import services, services_bases
+from knowledge import services, services_bases, sync
 from knowledge.models import BASE_KEY, KnowledgeBase, Retrieval, RetrievalTool
 from knowledge.serializers import (
     DocumentJsonSerializer,
@@ -27,6 +27,7 @@ from knowledge.serializers import (
     DocumentUploadSerializer,
     FolderSyncedSerializer,
     FolderSyncSerializer,
+    GitSyncSerializer,
     KnowledgeAccessSerializer,
     KnowledgeBaseSerializer,
     KnowledgeDocumentSerializer,
@@ -144,7 +145,7 @@ class KnowledgeBaseViewSet(viewsets.ModelViewSet[KnowledgeBase]):
 
     @extend_schema(
         summary="Sync a server folder into the base",
-        description="Every .txt, .md and .html file under the folder (which must be under "
+        description="Every .txt, .md, .html and .pdf file under the folder (which must be under "
         "LOOPWRIGHT_KNOWLEDGE_ROOT) becomes a document named by its path in the folder; "
         "documents an earlier sync of the folder made whose files are gone are deleted.",
         request=FolderSyncSerializer, responses=FolderSyncedSerializer,
@@ -154,7 +155,24 @@ class KnowledgeBaseViewSet(viewsets.ModelViewSet[KnowledgeBase]):
         base = self.get_object()
         body = FolderSyncSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        report = services.folder_sync(base=base, path=body.validated_data["path"])
+        report = sync.folder_sync(base=base, path=body.validated_data["path"])
+        return Response(FolderSyncedSerializer(report).data)
+
+    @extend_schema(
+        summary="Sync a folder of a Git repository into the base",
+        description="The repository is cloned at `ref` through the outbound guard (the same "
+        "rules as Skill Hub's Git import); every supported file under `path` becomes a "
+        "document named by its path there, with source `git:<repository>#<path>`; documents an "
+        "earlier sync of the same repository path made whose files are gone are deleted. A "
+        "refused or failing clone is a 400 `git-import-error` problem.",
+        request=GitSyncSerializer, responses=FolderSyncedSerializer,
+    )  # fmt: skip
+    @action(detail=True, methods=["post"], url_path="git-sync", filter_backends=[])
+    def git_sync(self, request: Request, key: str) -> Response:
+        base = self.get_object()
+        body = GitSyncSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        report = sync.git_sync(base=base, **body.validated_data)
         return Response(FolderSyncedSerializer(report).data)
 
     @extend_schema(

@@ -1,10 +1,10 @@
 """From a document's bytes to searchable chunks (pure): the text of plain text, Markdown and
-HTML (the standard library's parser; scripts and styles dropped), then deterministic chunks
+HTML (the standard library's parser; scripts and styles dropped) and the text layer of PDF
+(``knowledge.pdf``), then deterministic chunks
 of about ``CHUNK_CHARS`` characters cut at paragraph boundaries, each beginning with the last
 few words of the one before (``OVERLAP_CHARS``).
 
-PDF and other binary types are refused (:class:`UnsupportedDocument`, a 415 naming the
-supported types): reading PDF text would need a new dependency.
+Other types are refused (:class:`UnsupportedDocument`, a 415 naming the supported types).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 
 from rest_framework import status
 
+from knowledge.pdf import UnreadablePdf, pdf_text
 from orchestrator.errors import DomainError
 
 CHUNK_CHARS = 800
@@ -26,8 +27,9 @@ SUPPORTED = {
     "text/plain": (".txt", ".text", ".rst", ".csv", ".log"),
     "text/markdown": (".md", ".markdown"),
     "text/html": (".html", ".htm"),
+    "application/pdf": (".pdf",),
 }
-SUPPORTED_TEXT = "text/plain, text/markdown or text/html (.txt, .md, .html)"
+SUPPORTED_TEXT = "text/plain, text/markdown, text/html or application/pdf (.txt, .md, .html, .pdf)"
 _ALIASES = {"text/x-markdown": "text/markdown", "application/xhtml+xml": "text/html"}
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _SENTENCE = re.compile(r"(?<=[.!?;:])\s+")
@@ -66,16 +68,20 @@ def content_type_of(name: str, declared: str = "") -> str:
                 return candidate
     shown = kind or PurePosixPath(name).suffix or "no type"
     raise UnsupportedDocument(
-        f"{name}: {shown} is not supported; upload {SUPPORTED_TEXT} (PDF is not read).",
+        f"{name}: {shown} is not supported; upload {SUPPORTED_TEXT}.",
         supported=sorted(SUPPORTED),
     )
 
 
 def extract(name: str, raw: bytes, declared: str = "") -> ExtractedText:
     """The text of a document, or a 415/400 problem saying why there is none."""
-    kind = content_type_of(name, declared)
-    if raw.startswith(b"%PDF-"):
-        raise UnsupportedDocument(f"{name}: PDF is not read; upload {SUPPORTED_TEXT}.")
+    kind = "application/pdf" if raw.startswith(b"%PDF-") else content_type_of(name, declared)
+    if kind == "application/pdf":
+        try:
+            text = pdf_text(name, raw)
+        except UnreadablePdf as exc:
+            raise UnreadableDocument(str(exc)) from exc
+        return ExtractedText("application/pdf", normalise(text), hashlib.sha256(raw).hexdigest())
     try:
         decoded = raw.decode("utf-8-sig")
     except UnicodeDecodeError:

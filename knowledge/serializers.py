@@ -106,8 +106,24 @@ class FolderSyncSerializer(StrictSerializer):
     )
 
 
+class GitSyncSerializer(StrictSerializer):
+    repository = serializers.CharField(
+        max_length=2000,
+        help_text="The repository's URL (https:// by default, LOOPWRIGHT_GIT_SCHEMES; hosts may be "
+        "limited by LOOPWRIGHT_GIT_HOSTS), checked by the outbound guard.",
+    )
+    ref = serializers.CharField(
+        max_length=200, required=False, default="HEAD", help_text="A branch, tag or commit."
+    )
+    path = serializers.CharField(
+        max_length=1000, required=False, default="", allow_blank=True,
+        help_text="A folder of the repository; empty: the whole repository.",
+    )  # fmt: skip
+
+
 class FolderSyncedSerializer(serializers.Serializer[Any]):
     folder = serializers.CharField()
+    commit = serializers.CharField(help_text="The commit a Git sync read; empty for a folder.")
     added = serializers.ListField(child=serializers.CharField())
     updated = serializers.ListField(child=serializers.CharField())
     unchanged = serializers.IntegerField()

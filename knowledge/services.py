@@ -1,5 +1,5 @@
 """Documents of a knowledge base: storing one (extract, chunk, embed, replace its chunks in one
-transaction), deleting one, and syncing a server folder under ``LOOPWRIGHT_KNOWLEDGE_ROOT``.
+transaction) and deleting one. Syncing folders and Git paths: ``knowledge.sync``.
 
 A document is identified by its name within its base; storing the same bytes again changes
 nothing (``sha256``). Vectors are made before the transaction; when the embedding endpoint
@@ -11,8 +11,7 @@ returned, for ``knowledge_reembed`` to fill in later. Every change bumps the bas
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -22,7 +21,7 @@ from rest_framework import status
 
 from knowledge import vectors
 from knowledge.embeddings import EmbeddingFailed, embed_passages
-from knowledge.ingest import SUPPORTED, chunk_text, extract
+from knowledge.ingest import chunk_text, extract
 from knowledge.models import (
     MAX_DOCUMENT_NAME,
     KnowledgeBase,
@@ -37,9 +36,6 @@ from orchestrator.errors import Conflict, DomainError, InvalidInput, NotFound
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
-#: Most files one folder sync reads.
-MAX_SYNC_FILES = 5000
-_SYNCED_SUFFIXES = frozenset(suffix for suffixes in SUPPORTED.values() for suffix in suffixes)
 
 
 class DocumentTooLarge(DomainError):
@@ -65,29 +61,11 @@ class DocumentStored:
     embedding_error: str = ""
 
 
-@dataclass
-class FolderSynced:
-    folder: str
-    added: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: int = 0
-    removed: list[str] = field(default_factory=list)
-    #: ``{name, detail}`` of files that could not be stored.
-    refused: list[dict[str, str]] = field(default_factory=list)
-    embedding_errors: int = 0
-
-
 def max_document_bytes() -> int:
     return int(
         getattr(settings, "LOOPWRIGHT_KNOWLEDGE_MAX_DOCUMENT_BYTES", 0)
         or DEFAULT_MAX_DOCUMENT_BYTES
     )
-
-
-def knowledge_root() -> Path:
-    """The folder server-side syncs read under (``LOOPWRIGHT_KNOWLEDGE_ROOT``)."""
-    configured = getattr(settings, "LOOPWRIGHT_KNOWLEDGE_ROOT", "") or ""
-    return Path(configured) if configured else Path(settings.VAR_DIR) / "knowledge"
 
 
 def document_get(base: KnowledgeBase, document_id: int) -> KnowledgeDocument:
@@ -197,74 +175,3 @@ def _embeddings(base: KnowledgeBase, texts: list[str]) -> tuple[list[list[float]
     except EmbeddingFailed as exc:
         logger.warning("knowledge base %s: chunks stored without vectors: %s", base.key, exc)
         return None, str(exc)
-
-
-def folder_sync(*, base: KnowledgeBase, path: str) -> FolderSynced:
-    """Store every supported file under ``path`` (a folder under the knowledge root) as a
-    document named by its path within that folder, and delete the documents an earlier sync
-    of the same folder made whose files are gone."""
-    root = knowledge_root().resolve()
-    folder = (root / path).resolve()
-    if not folder.is_relative_to(root):
-        raise InvalidInput(
-            f"{path} is outside the knowledge root (LOOPWRIGHT_KNOWLEDGE_ROOT, {root}).",
-            errors=[
-                {
-                    "pointer": "/path",
-                    "detail": "Outside the knowledge root.",
-                    "code": "outside_root",
-                }
-            ],
-        )
-    if not folder.is_dir():
-        raise InvalidInput(
-            f"{path} is not a folder under the knowledge root.",
-            errors=[{"pointer": "/path", "detail": "Not a folder.", "code": "not_a_folder"}],
-        )
-    relative = folder.relative_to(root).as_posix()
-    source = f"folder:{relative}"
-    report = FolderSynced(folder=relative)
-    seen: set[str] = set()
-    for file in _folder_files(folder, root, report):
-        name = file.relative_to(folder).as_posix()
-        seen.add(name)
-        try:
-            if file.stat().st_size > max_document_bytes():
-                raise DocumentTooLarge(name, max_document_bytes())
-            existed = KnowledgeDocument.objects.filter(base=base, name=name).exists()
-            stored = document_put(base=base, name=name, raw=file.read_bytes(), source=source)
-        except (DomainError, OSError) as exc:
-            report.refused.append({"name": name, "detail": getattr(exc, "detail", str(exc))})
-            continue
-        if not stored.changed:
-            report.unchanged += 1
-        else:
-            (report.updated if existed else report.added).append(name)
-        report.embedding_errors += bool(stored.embedding_error)
-    for document in KnowledgeDocument.objects.filter(base=base, source=source).exclude(
-        name__in=seen
-    ):
-        report.removed.append(document.name)
-        document_delete(document)
-    return report
-
-
-def _folder_files(folder: Path, root: Path, report: FolderSynced) -> list[Path]:
-    """The supported, non-hidden regular files under ``folder`` that resolve inside ``root``,
-    sorted, at most ``MAX_SYNC_FILES``."""
-    found: list[Path] = []
-    for file in sorted(folder.rglob("*")):
-        parts = file.relative_to(folder).parts
-        if any(part.startswith(".") for part in parts) or not file.is_file():
-            continue
-        if file.suffix.lower() not in _SYNCED_SUFFIXES:
-            continue
-        if not file.resolve().is_relative_to(root):
-            report.refused.append({"name": file.relative_to(folder).as_posix(),
-                                   "detail": "a link out of the knowledge root"})  # fmt: skip
-            continue
-        if len(found) >= MAX_SYNC_FILES:
-            report.refused.append({"name": "...", "detail": f"more than {MAX_SYNC_FILES} files"})
-            break
-        found.append(file)
-    return found

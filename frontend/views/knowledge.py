@@ -29,7 +29,7 @@ from frontend.selectors.knowledge import (
 from frontend.selectors.retrievals import retrieval_employees, retrieval_trace
 from knowledge.search import SearchOutcome
 from knowledge.services import (
-    document_add,
+    document_put,
     knowledge_access_grant,
     knowledge_access_revoke,
     knowledge_base_test_search,
@@ -45,6 +45,7 @@ UPLOAD_TYPES = {
     ".markdown": "text/markdown",
     ".html": "text/html",
     ".htm": "text/html",
+    ".pdf": "application/pdf",
 }
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 
@@ -53,29 +54,26 @@ class DocumentUploadForm(forms.Form):
     """One text, Markdown or HTML file (UTF-8) to add to a local base."""
 
     file = forms.FileField(
-        help_text="A .txt, .md or .html file in UTF-8, at most 5 MB. It is split into chunks "
-        "and indexed at once."
+        help_text="A .txt, .md or .html file in UTF-8, or a PDF with a text layer, at most 5 MB. "
+        "It is split into chunks and indexed at once."
     )
     name = forms.CharField(
         required=False, max_length=200, help_text="How results cite it; the file name if empty."
     )
 
-    def clean_file(self) -> tuple[str, str, str]:
-        """``(file name, content type, text)``."""
+    def clean_file(self) -> tuple[str, str, bytes]:
+        """``(file name, content type, bytes)``; the ingest service reads the text."""
         upload = self.cleaned_data["file"]
         filename = PurePath(upload.name or "").name
         content_type = UPLOAD_TYPES.get(PurePath(filename).suffix.lower())
         if content_type is None:
-            raise forms.ValidationError("Upload a .txt, .md or .html file.")
+            raise forms.ValidationError("Upload a .txt, .md, .html or .pdf file.")
         if upload.size > MAX_UPLOAD_BYTES:
             raise forms.ValidationError("The file is over 5 MB.")
-        try:
-            text = upload.read().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise forms.ValidationError("The file is not UTF-8 text.") from exc
-        if not text.strip():
+        raw = upload.read()
+        if not raw.strip():
             raise forms.ValidationError("The file is empty.")
-        return filename, content_type, text
+        return filename, content_type, raw
 
 
 class TestSearchForm(forms.Form):
@@ -137,13 +135,12 @@ def knowledge_upload(request: HttpRequest, key: str) -> HttpResponse:
     base = knowledge_base_get(key)
     form = DocumentUploadForm(request.POST, request.FILES)
     if form.is_valid():
-        filename, content_type, text = form.cleaned_data["file"]
+        filename, content_type, raw = form.cleaned_data["file"]
         name = form.cleaned_data["name"] or filename
         try:
-            document = document_add(
-                base=base, name=name, source=filename, content_type=content_type, text=text,
-                actor=actor_of(request),
-            )  # fmt: skip
+            document = document_put(
+                base=base, name=name, raw=raw, content_type=content_type
+            ).document
         except DomainError as exc:
             form.add_error(None, exc.detail)
         else:

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from knowledge.models import KnowledgeAccess, KnowledgeBase, KnowledgeDocument, Retrieval
 from tests.knowledge.kb_support import employee
+from tests.support.pdf import text_pdf
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/knowledge-bases"
@@ -94,9 +95,13 @@ def test_uploads_json_and_multipart(operator_client: APIClient, viewer_client: A
         operator_client.post(docs, {"name": "x.md", "content": "x", "extra": 1}, format="json"), 400
     )
     problem(operator_client.post(docs, {"name": "x.md"}, format="json"), 400)
-    pdf = SimpleUploadedFile("report.pdf", b"%PDF-1.7 binary", "application/pdf")
-    refused = problem(operator_client.post(docs, {"file": pdf}, format="multipart"), 415)
-    assert "text/plain, text/markdown or text/html" in refused["detail"]
+    pdf = SimpleUploadedFile("report.pdf", text_pdf([["Deploy freeze in December."]]))
+    assert operator_client.post(docs, {"file": pdf}, format="multipart").status_code == 201
+    found = viewer_client.post(f"{URL}/handbook/search", {"query": "deploy freeze"}, format="json")
+    assert found.json()["hits"][0]["document"] == "report.pdf", found.content
+    image = SimpleUploadedFile("chart.png", b"\x89PNG", "image/png")
+    refused = problem(operator_client.post(docs, {"file": image}, format="multipart"), 415)
+    assert "text/plain, text/markdown, text/html or application/pdf" in refused["detail"]
     document_id = KnowledgeDocument.objects.get(name="leave.md").pk
     problem(viewer_client.delete(f"{docs}/{document_id}"), 403)
     assert operator_client.delete(f"{docs}/{document_id}").status_code == 204
@@ -128,7 +133,7 @@ def test_folder_sync_under_the_root_only(operator_client: APIClient, tmp_path: P
     (root / "hr" / "sub" / "deploy.txt").write_text("Deploys on Tuesdays.")
     (root / "hr" / "skip.bin").write_bytes(b"\x00")
     (root / "hr" / ".hidden.md").write_text("hidden")
-    (root / "hr" / "report.pdf").write_bytes(b"%PDF-1.4")
+    (root / "hr" / "report.pdf").write_bytes(text_pdf([["Expenses are paid monthly."]]))
     (tmp_path / "outside.md").write_text("secret")
     (root / "hr" / "link.md").symlink_to(tmp_path / "outside.md")
     make(operator_client)
@@ -137,12 +142,12 @@ def test_folder_sync_under_the_root_only(operator_client: APIClient, tmp_path: P
         first = operator_client.post(sync, {"path": "hr"}, format="json")
         assert first.status_code == 200, first.content
         report = first.json()
-        assert report["added"] == ["leave.md", "sub/deploy.txt"]
+        assert report["added"] == ["leave.md", "report.pdf", "sub/deploy.txt"]
         assert [r["name"] for r in report["refused"]] == ["link.md"]
         (root / "hr" / "sub" / "deploy.txt").unlink()
         second = operator_client.post(sync, {"path": str(root / "hr")}, format="json").json()
-        assert second["unchanged"] == 1 and second["removed"] == ["sub/deploy.txt"]
-        assert KnowledgeDocument.objects.get().source == "folder:hr"
+        assert second["unchanged"] == 2 and second["removed"] == ["sub/deploy.txt"]
+        assert KnowledgeDocument.objects.get(name="leave.md").source == "folder:hr"
         for outside in ("..", "../", "/etc", "hr/../.."):
             refused = problem(operator_client.post(sync, {"path": outside}, format="json"), 400)
             assert "knowledge root" in refused["detail"]

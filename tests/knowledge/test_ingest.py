@@ -1,5 +1,5 @@
-"""From bytes to chunks (pure): text of plain text, Markdown and HTML; PDF and binary refused
-naming the supported types; chunks of about 800 characters at paragraph boundaries, with a
+"""From bytes to chunks (pure): text of plain text, Markdown, HTML and PDF; other types refused
+naming the supported types, a PDF without text refused; chunks of about 800 characters at paragraph boundaries, with a
 small overlap, the same every time."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from knowledge.ingest import (
     content_type_of,
     extract,
 )
+from tests.support.pdf import text_pdf
 
 PARAGRAPHS = [f"Paragraph {i}. " + " ".join(f"word{i}x{j}" for j in range(30)) for i in range(40)]
 TEXT = "\n\n".join(PARAGRAPHS)
@@ -74,20 +75,39 @@ def test_content_types_by_declaration_or_extension() -> None:
 @pytest.mark.parametrize(
     ("name", "raw", "declared"),
     [
-        ("report.pdf", b"%PDF-1.7 ...", ""),
-        ("report.pdf", b"%PDF-1.7 ...", "application/pdf"),
-        ("notes.txt", b"%PDF-1.4 disguised", "text/plain"),
         ("image.png", b"\x89PNG", ""),
         ("data", b"abc", "application/json"),
     ],
 )
-def test_pdf_and_other_types_are_refused_naming_the_supported_ones(
+def test_other_types_are_refused_naming_the_supported_ones(
     name: str, raw: bytes, declared: str
 ) -> None:
     with pytest.raises(UnsupportedDocument) as refused:
         extract(name, raw, declared)
     assert refused.value.status_code == 415
-    assert "text/markdown" in refused.value.detail
+    assert "text/markdown" in refused.value.detail and "application/pdf" in refused.value.detail
+
+
+def test_the_text_layer_of_a_pdf_is_read_page_by_page() -> None:
+    raw = text_pdf([["Leave policy", "Holidays: 25 days (paid)."], ["Page two: on call."]])
+    read = extract("policy.pdf", raw)
+    assert read.content_type == "application/pdf"
+    assert read.text == "Leave policy\nHolidays: 25 days (paid).\n\nPage two: on call."
+    assert extract("policy", raw, "application/octet-stream").text == read.text
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"%PDF-1.7 truncated", "cannot be parsed"),
+        (text_pdf([[]]), "no text layer"),
+        (b"%PDF-1.4 disguised as text", "cannot be parsed"),
+    ],
+)
+def test_a_pdf_without_readable_text_is_refused(raw: bytes, reason: str) -> None:
+    with pytest.raises(UnreadableDocument) as refused:
+        extract("scan.pdf", raw, "text/plain" if b"disguised" in raw else "")
+    assert reason in refused.value.detail and "scan.pdf" in refused.value.detail
 
 
 @pytest.mark.parametrize("raw", [b"\xff\xfe\x00bad", b"nul \x00 inside"])

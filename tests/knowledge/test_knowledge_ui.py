@@ -21,6 +21,7 @@ from loops.services.runs import run_trigger
 from orchestrator.agents.services import employee_create, model_endpoint_create
 from tests.knowledge.test_tools import DEPLOY, LEAVE, SALARIES, grant, local_base
 from tests.support.approvals import LEADER, MAKER, VERIFIER, approval_pattern
+from tests.support.pdf import text_pdf
 from tests.ui.conftest import make_user
 
 pytestmark = pytest.mark.django_db
@@ -88,9 +89,15 @@ def test_an_operator_uploads_and_tests_a_search_and_a_viewer_may_not(
     assert "oncall.md: added and indexed." in uploaded and "oncall.md" in uploaded
     assert KnowledgeDocument.objects.filter(base__key="handbook", name="oncall.md").exists()
 
-    wrong = SimpleUploadedFile("rota.pdf", b"%PDF-1.4")
+    wrong = SimpleUploadedFile("rota.png", b"\x89PNG")
     refused = page(operator.post("/knowledge/handbook/documents", {"file": wrong}), 400)
-    assert "Upload a .txt, .md or .html file." in refused
+    assert "Upload a .txt, .md, .html or .pdf file." in refused
+    scan = SimpleUploadedFile("scan.pdf", text_pdf([[]]))
+    refused = page(operator.post("/knowledge/handbook/documents", {"file": scan}), 400)
+    assert "no text layer" in refused
+    rota = SimpleUploadedFile("rota.pdf", text_pdf([["The weekend rota is posted on Fridays."]]))
+    added = page(operator.post("/knowledge/handbook/documents", {"file": rota}, follow=True))
+    assert "rota.pdf: added and indexed." in added
 
     found = page(operator.post("/knowledge/handbook/search", {"query": "on-call rota", "top_k": 3}))
     results = found.split('id="search-results"', 1)[1]
