@@ -18,6 +18,7 @@ from frontend.views import (
     runs,
     skills,
 )
+from frontend.views import instructions as instruction_pages
 from frontend.views import knowledge as knowledge_pages
 
 app_name = "ui"
@@ -65,6 +66,19 @@ urlpatterns = [
     path("policies/<slug:tag>/diff", policies.policy_diff, name="policy-diff"),
     path("policies/<slug:tag>/draft", policies.policy_draft, name="policy-draft"),
     path("policies/<slug:tag>/publish", policies.policy_publish, name="policy-publish"),
+    # Instructions (frontend/views/instructions.py)
+    path("instructions", instruction_pages.instruction_list_view, name="instructions"),
+    path("instructions/<slug:name>", instruction_pages.instruction_detail, name="instruction"),
+    path(
+        "instructions/<slug:name>/draft",
+        instruction_pages.instruction_draft,
+        name="instruction-draft",
+    ),
+    path(
+        "instructions/<slug:name>/publish",
+        instruction_pages.instruction_publish_view,
+        name="instruction-publish",
+    ),
     # Employees and model endpoints
     path("employees", agents.employee_list, name="employees"),
     path("employees/<slug:username>", agents.employee_detail, name="employee"),

@@ -9,6 +9,8 @@ class LoopsConfig(AppConfig):
 
     def ready(self) -> None:
         from harness.checks import publish_check_register
+        from instructions.usage import register as instruction_usage_register
+        from loops.instruction_usage import pattern_instruction_uses
         from loops.metrics import engine_state_collect
         from loops.services.artifacts import artifact_store_tool_file
         from loops.services.patterns import profile_publish_check
@@ -27,3 +29,5 @@ class LoopsConfig(AppConfig):
         run_artifact_store_register(artifact_store_tool_file)
         # Runs by live status, the queue and pending approvals, read at each scrape.
         state_collector_register("loops", engine_state_collect)
+        # Where-used of an instruction: patterns whose goal template references it.
+        instruction_usage_register(pattern_instruction_uses)

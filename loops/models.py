@@ -152,12 +152,13 @@ class LoopRun(models.Model):
     event_seq = models.PositiveIntegerField(default=0)
     step_count = models.PositiveIntegerField(default=0)
     #: The lease token under which the run's current model call was admitted against its
-    #: pattern's shared daily tokens/cost budget; cleared when the call is charged. A value
-    #: that no longer equals ``lease_token`` belongs to a dead lease and holds nothing
-    #: (``loops.services.budgets``).
+    #: pattern's daily budget; cleared when the call is charged. A value other than
+    #: ``lease_token`` belongs to a dead lease and holds nothing (``loops.services.budgets``).
     model_call_token = models.BigIntegerField(null=True, blank=True)
     #: W3C trace id of the run's spans: the caller's (``traceparent``) or a new one.
     trace_id = models.CharField(max_length=32, default=new_trace_id)
+    #: ``{name: version}`` of the unversioned instruction references, fixed at start (prompts.md).
+    instruction_versions = models.JSONField(default=dict, blank=True)
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )

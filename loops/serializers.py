@@ -138,16 +138,23 @@ class RunSerializer(StrictModelSerializer[LoopRun]):
             "trigger_ref", "inputs", "goal", "autonomy_level", "role_bindings", "cursor",
             "result", "terminal_reason", "failure_reason", "wait", "attempts", "max_attempts",
             "lease_owner", "lease_expires_at", "heartbeat_at", "step_count", "retry_of",
+            "instruction_versions",
             "created_at", "started_at", "finished_at", "updated_at", "allowed_actions",
         ]  # fmt: skip
         read_only_fields = fields
         extra_kwargs = {
+            "instruction_versions": {
+                "help_text": (
+                    "`{name: version}` of the instructions the run's prompts reference without "
+                    "a version, fixed when it started (a retry keeps them; docs/prompts.md)."
+                )
+            },
             "wait": {
                 "help_text": (
                     "The wait the run is in ({} when none): kind (lock|model), since, "
                     "last_poll, polls, longest_gap_seconds, detail (what it waits on)."
                 )
-            }
+            },
         }
 
     def get_allowed_actions(self, obj: LoopRun) -> list[str]:

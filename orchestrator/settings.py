@@ -87,6 +87,7 @@ INSTALLED_APPS = [
     "orchestrator",
     "orchestrator.accounts",
     "orchestrator.agents",
+    "instructions",
     "harness",
     "loops",
     "skillhub",
@@ -331,6 +332,8 @@ SPECTACULAR_SETTINGS = {
         "ChatCompletionStatusEnum": "gateway.models.CompletionStatus",
         "SkillExecutionStatusEnum": "skillhub.models.ExecutionStatus",
         "A2AAgentEffectEnum": "connectors.models.AgentEffect",
+        # Harness profile and instruction versions share it (draft, published).
+        "VersionStatusEnum": "harness.models.VersionStatus",
         "ToolEffectEnum": [("read", "read"), ("write", "write"), ("external", "external")],
     },
     "POSTPROCESSING_HOOKS": [

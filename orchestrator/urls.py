@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("api/v1/", include("loops.urls")),
     path("api/v1/", include("harness.urls")),
+    path("api/v1/", include("instructions.urls")),
     path("api/v1/", include("orchestrator.agents.urls")),
     path("api/v1/", include("skillhub.urls")),
     path("api/v1/", include("gateway.urls")),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -68,6 +68,9 @@ class InvocationRequest:
     #: The prompt blocks of the apps (``runtime.prompt_context``), when the caller read them
     #: already (a chat, with its preparation); None: the employee's prompt asks for them.
     prompt_blocks: tuple[str, ...] | None = None
+    #: ``{name: version}`` of the instructions the run pinned (``${instructions.name}`` in a
+    #: prompt renders that version); {}: the latest published (a chat).
+    instructions: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

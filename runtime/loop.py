@@ -56,6 +56,7 @@ from runtime.model_config import EndpointOverflow
 from runtime.model_failures import misreported_overflow, temporarily_unavailable
 from runtime.output_format import OutputFormat
 from runtime.policy import ToolPolicy, without_workdir_tools
+from runtime.prompt_template import PromptTemplateError
 from runtime.repetition import RepetitionState
 from runtime.tools.base import Invocation
 from runtime.tools.registry import ToolRegistry, tool_schema
@@ -190,6 +191,10 @@ class ToolLoopInvoker(NothingToPrepare):
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="model_unavailable", reason=str(exc)
             )
+        except PromptTemplateError as exc:  # before any model call: the prompt is not whole
+            return InvocationOutcome(
+                kind=OutcomeKind.FAILED, code="prompt_template", reason=f"system prompt: {exc}"
+            )
 
 
 def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = ()) -> Invocation:
@@ -205,6 +210,7 @@ def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = (
         bound_tools=frozenset(bound_tools),
         auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
         user=request.user,
+        instructions=request.instructions,
     )
 
 

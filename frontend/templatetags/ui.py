@@ -245,6 +245,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "monitor": ("/runs",),
         "patterns": ("/patterns",),
         "policies": ("/policies",),
+        "instructions": ("/instructions",),
         "employees": ("/employees", "/endpoints"),
         "approvals": ("/approvals",),
         "skills": ("/skills",),

@@ -41,6 +41,7 @@ RUN_COLUMNS = (
     "wait",
     "trace_id",
     "triggered_by",
+    "instruction_versions",
 )
 JSON_COLUMNS = frozenset(
     {
@@ -51,6 +52,7 @@ JSON_COLUMNS = frozenset(
         "repository_snapshot",
         "cursor",
         "wait",
+        "instruction_versions",
     }
 )
 

@@ -19,9 +19,9 @@ from loops.services.budget_rules import spent_message
 from loops.services.budgets import daily_exhaustion
 from loops.services.endings import run_transition
 from loops.services.nudges import nudge_run
+from loops.services.run_prompts import run_goal, run_instruction_pins
 from loops.services.transitions import Lease, run_event_append
 from loops.span_models import new_trace_id
-from loops.templates import render_goal
 from orchestrator import wakeups
 from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict
@@ -155,13 +155,20 @@ def run_trigger(
     harness = role_harness_compile(pattern, policy, overrides)
     _refuse_when_spent(pattern)
     probe = breaker_admit_trigger(pattern)
-    goal = render_goal(
-        pattern.goal_template,
+    bindings = role_bindings_of(pattern)
+    pins = run_instruction_pins(
+        pattern,
+        [bindings["leader"], *bindings["makers"], bindings["verifier"]],
+        retry_of,
+    )
+    goal = run_goal(
+        pattern,
         {
             "inputs": inputs,
             "event": event or {},
             "pattern": {"key": pattern.key, "title": pattern.title},
         },
+        pins,
     )
     run = LoopRun.objects.create(
         pattern=pattern,
@@ -173,7 +180,7 @@ def run_trigger(
         inputs=inputs,
         goal=goal,
         autonomy_level=pattern.autonomy_level,
-        role_bindings=role_bindings_of(pattern),
+        role_bindings=bindings,
         harness_snapshots=harness.snapshots,
         policy_snapshot=policy.model_dump(mode="json"),
         repository_snapshot=repository_snapshot_of(pattern),
@@ -181,6 +188,7 @@ def run_trigger(
         event_seq=1,
         retry_of=retry_of,
         trace_id=TRACE_ID.get() or new_trace_id(),  # the caller's traceparent, if any
+        instruction_versions=pins,
     )
     data: dict[str, Any] = {
         "trigger": trigger_type,

@@ -94,6 +94,8 @@ class RunState:
     trace_id: str = ""
     #: Who the run is for (``LoopRun.triggered_by``): its invocations' ``user``.
     triggered_by: str = ""
+    #: The instruction versions the run pinned (``LoopRun.instruction_versions``).
+    instruction_versions: dict[str, int] = field(default_factory=dict)
 
 
 def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
@@ -113,6 +115,7 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         wait=dict(columns["wait"] or {}),
         trace_id=columns["trace_id"],
         triggered_by=columns["triggered_by"],
+        instruction_versions=dict(columns["instruction_versions"] or {}),
         limits=budget_rules.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
     )
 
@@ -133,6 +136,7 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
         wait=dict(run.wait or {}),
         trace_id=run.trace_id,
         triggered_by=run.triggered_by,
+        instruction_versions=dict(run.instruction_versions or {}),
     )
 
 
@@ -411,6 +415,7 @@ async def _invoke(
         inputs=run.inputs,
         workdir=run.cursor.get("workdir"),
         user=run.triggered_by,
+        instructions=run.instruction_versions,
     )
     journal = model_wait_journal(driver, lease, role, name, harness=harness, wait=run.wait)
     if steps is not None:

@@ -22,6 +22,7 @@ from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, S
 from orchestrator.strict import StrictModelSerializer
 from runtime import outbound
 from runtime.model_config import ModelParams
+from runtime.prompt_template import PromptTemplateError, check_prompt_template
 from runtime.secrets import api_key_configured
 
 TOOL_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -225,6 +226,12 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
         read_only_fields = ["created_at", "updated_at"]
         extra_kwargs = {
             "max_steps": {"min_value": 1, "max_value": 1000},
+            "system_prompt": {
+                "help_text": "Above the role's default prompt. Placeholders: "
+                "`${instructions.name}` / `${instructions.name@3}` (pinned when a run starts), "
+                '`${include("path")}` (a workspace file), `${inputs.x}`; `$${` is a literal '
+                "`${`. See docs/prompts.md."
+            },
             "tool_concurrency": {"min_value": 1, "max_value": 64},
             "tool_timeout_seconds": {"min_value": 0.001, "max_value": MAX_SECONDS},
             "max_tool_output_length": {"min_value": 1},
@@ -242,6 +249,14 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
         if len(set(tools)) != len(tools):
             raise serializers.ValidationError("Each tool may be listed once.")
         return tools
+
+    def validate_system_prompt(self, prompt: str) -> str:
+        """Placeholders parse (docs/prompts.md); what they name is resolved when a run starts."""
+        try:
+            check_prompt_template(prompt)
+        except PromptTemplateError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return prompt
 
 
 class SubAgentBindingSerializer(StrictModelSerializer[SubAgentBinding]):

@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 from harness.compile import harness_compile, layer_from_settings, profile_layer
 from harness.schema import SettingsInvalid, layer_validate
 from harness.services import ProfileNotFound, profile_version_resolve
+from instructions.rendering import render_here
 from orchestrator.agents.clients import (
     breaker_default,
     employee_get,
@@ -37,6 +38,7 @@ from orchestrator.errors import NotFound
 from runtime.invocation import InvocationRequest, LoopRole
 from runtime.model_client import client_for_endpoint
 from runtime.model_config import ModelParams
+from runtime.prompt_template import PromptTemplateError, has_placeholders
 from runtime.sub_agent_loop import child_tool_loop, sub_agent_prompt
 from runtime.tools.base import Invocation, ToolError
 from runtime.tools.registry import ToolRegistry
@@ -168,6 +170,8 @@ class EmployeeSubAgentHost:
             profile, harness, client = await _db(self._read, parent, employee, override)
         except NotFound as exc:
             raise ToolError(exc.detail) from exc
+        except PromptTemplateError as exc:
+            raise ToolError(f"sub-agent {employee}: system prompt: {exc}") from exc
         scope = current_scope()
         request = InvocationRequest(
             run_id=parent.run_id,
@@ -200,6 +204,9 @@ class EmployeeSubAgentHost:
         self, parent: Invocation, employee: str, override: Mapping[str, Any] | None
     ) -> tuple[EmployeeProfile, dict[str, Any], ModelClient]:
         profile = self.profiles.get(employee)
+        if has_placeholders(profile.system_prompt):  # the run's pinned instructions, no inputs
+            own = render_here(profile.system_prompt, pins=parent.instructions).text
+            profile = dataclasses.replace(profile, system_prompt=own)
         client = _override_client(employee, override) if override else profile.client
         return profile, child_harness(parent, profile), client
 

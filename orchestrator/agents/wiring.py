@@ -19,6 +19,7 @@ from django.db import connection
 
 from harness.autonomy import autonomy_gates, plan_effects
 from harness.planner import plan_tools
+from instructions.rendering import render as render_prompt_text
 from orchestrator.agents.clients import (
     employee_endpoint_config,
     employee_get,
@@ -32,6 +33,7 @@ from runtime.invocation import InvocationRequest, LoopRole
 from runtime.loop import LoopSettings, ToolLoopInvoker
 from runtime.policy import ToolPolicy, decision_of
 from runtime.prompt_context import prompt_blocks
+from runtime.prompt_template import has_placeholders
 from runtime.prompts import default_system_prompt
 from runtime.scrub import secret_values
 from runtime.secrets import Secret, SecretNotAllowed, api_key_from_env
@@ -190,10 +192,17 @@ def employee_specs(profile: EmployeeProfile, tools: ToolRegistry) -> list[ToolSp
 
 
 async def employee_system_prompt(profile: EmployeeProfile, request: InvocationRequest) -> str:
-    """The employee's own prompt above the runtime's default one, then the blocks the apps
-    add (``runtime.prompt_context``: agent memory)."""
+    """The employee's own prompt (its placeholders rendered with the run's instruction pins,
+    inputs and workspace: docs/prompts.md) above the runtime's default one, then the blocks the
+    apps add (``runtime.prompt_context``: agent memory)."""
     base = default_system_prompt(request)
-    prompt = f"{profile.system_prompt}\n\n{base}" if profile.system_prompt else base
+    own = profile.system_prompt
+    if has_placeholders(own):
+        rendered = await render_prompt_text(
+            own, inputs=request.inputs, pins=request.instructions, workdir=request.workdir
+        )
+        own = rendered.text
+    prompt = f"{own}\n\n{base}" if own else base
     blocks = request.prompt_blocks
     if blocks is None:
         blocks = tuple(await prompt_blocks(request))

@@ -66,6 +66,8 @@ class Invocation:
     auto_allowlist: frozenset[str] = frozenset()
     #: The person the work is for (``InvocationRequest.user``); "" when nobody is known.
     user: str = ""
+    #: The instruction versions the run pinned (``InvocationRequest.instructions``).
+    instructions: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -298,6 +298,7 @@ def test_an_employee_is_changed_and_deleted(operator: APIClient):
         ({"tools": ["bad name"]}, "/tools/0"),
         ({"params": {"temperature": 3}}, "/params/temperature"),
         ({"username": "has space"}, "/username"),
+        ({"system_prompt": "Ticket ${inputs.id"}, "/system_prompt"),
     ],
 )
 def test_bad_employee_fields_are_400(operator: APIClient, change: dict[str, Any], pointer: str):

@@ -78,6 +78,15 @@ RIGHTS: dict[str, dict[str, str]] = {
     "harness-profile-publish": {"POST": ADMIN},
     "harness-profile-save-draft": {"POST": ADMIN},
     "harness-profile-versions": READ,
+    # instructions: everyone reads, admins write (docs/instructions.md)
+    "instruction-list": {**READ, "POST": ADMIN},
+    "instruction-detail": {**READ, "PATCH": ADMIN, "DELETE": ADMIN},
+    "instruction-versions": READ,
+    "instruction-version": READ,
+    "instruction-draft": {"PUT": ADMIN},
+    "instruction-publish": {"POST": ADMIN},
+    "instruction-diff": READ,
+    "instruction-usage": READ,
     # agents
     "model-endpoint-list": {**READ, "POST": OPERATOR},
     "model-endpoint-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},
@@ -115,6 +124,10 @@ RIGHTS: dict[str, dict[str, str]] = {
     "ui:pattern-trigger": {"GET": OPERATOR, "POST": OPERATOR},
     "ui:policy-draft": {"GET": ADMIN, "POST": ADMIN},
     "ui:policy-publish": {"POST": ADMIN},
+    "ui:instructions": {"GET": VIEWER, "POST": ADMIN},
+    "ui:instruction": READ,
+    "ui:instruction-draft": {"POST": ADMIN},
+    "ui:instruction-publish": {"POST": ADMIN},
     # connectors: everyone reads, admins register (their tools reach outside, with secrets)
     "ui:connectors": {"GET": VIEWER, "POST": ADMIN},
     "ui:connector": READ,

@@ -48,7 +48,7 @@ from loops.services.patterns import pattern_create
 from loops.services.runs import run_trigger
 from loops.services.steps import step_begin, step_record
 from loops.worker.engine import _conclude_invocation, drive_run, load_run_state
-from loops.worker.invoker import role_tool_policy
+from loops.worker.invoker import AgentInvoker, role_tool_policy
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
@@ -267,6 +267,22 @@ class Engine:
 
     def writes_of(self, run_id: uuid.UUID) -> list[Executed]:
         return [e for e in self.executed if e.tool == "write" and str(run_id) in (e.workdir or "")]
+
+
+def drive_production(run_id: uuid.UUID) -> str:
+    """Claim the run and drive it in this process with the production invoker
+    (``AgentInvoker``: the employees' models, prompts and tools) until it ends or parks."""
+    [claim] = run_claim(owner="production-engine", lease_seconds=300, run_id=run_id)
+    driver = InlineDriver(AgentInvoker())  # type: ignore[arg-type]
+    outer = connections[DEFAULT_DB_ALIAS]
+
+    async def main() -> None:
+        connections[DEFAULT_DB_ALIAS] = outer  # the engine writes on this thread's connection
+        await drive_run(driver, claim)  # type: ignore[arg-type]
+
+    with mock.patch.dict(os.environ, {"DJANGO_ALLOW_ASYNC_UNSAFE": "true"}):
+        asyncio.run(main())
+    return str(LoopRun.objects.get(pk=run_id).status)
 
 
 # --- patterns and parked runs --------------------------------------------------------------

@@ -68,6 +68,10 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             "pattern-trigger": ("/patterns/greet/trigger", {"inputs": "{}"}, Role.OPERATOR),
             "policy-draft": ("/policies/default/draft", {"settings": "{}"}, Role.ADMIN),
             "policy-publish": ("/policies/default/publish", {}, Role.ADMIN),
+            # Instructions: admins write (as the API); the guard refuses before the lookup.
+            "instructions": ("/instructions", {"name": "x"}, Role.ADMIN),
+            "instruction-draft": ("/instructions/x/draft", {"text": "x"}, Role.ADMIN),
+            "instruction-publish": ("/instructions/x/publish", {}, Role.ADMIN),
             # The guard refuses before the approval is looked up (an unknown id is fine here);
             # tests/ui/test_approvals_pages.py decides real ones.
             "approval-decide": (
@@ -197,7 +201,15 @@ def test_an_admin_may_save_and_publish_a_policy_draft(
 
 @pytest.mark.parametrize(
     "path",
-    ["/", "/patterns", "/patterns/greet", "/policies", "/policies/default", "/employees"],
+    [
+        "/",
+        "/patterns",
+        "/patterns/greet",
+        "/policies",
+        "/policies/default",
+        "/instructions",
+        "/employees",
+    ],
 )
 def test_every_role_reads_pages_and_an_outsider_reads_none(
     path: str, client_as: ClientAs, world: dict[str, Any]
