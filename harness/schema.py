@@ -276,8 +276,9 @@ class ObservabilityLayer(_Strict):
     )
     redact: Opt[RedactPatterns] = Field(
         None,
-        description="Regular expressions whose matches in a span's captured input and output "
-        'are replaced by "***" before they are stored or exported.',
+        description='Regular expressions whose matches are replaced by "***" before they are '
+        "stored or exported: in the role's steps (prompts, responses, tool calls and results), "
+        "its outcome, and its spans' captured input and output.",
     )
     sampling_rate: Opt[SamplingRate] = Field(
         None,

@@ -8,12 +8,17 @@ are stored, shown by the API and replayed into later prompts, so the invoker wra
 in :class:`ScrubbingJournal`, which masks every known secret value in whatever is persisted,
 and scrubs the invocation's outcome the same way.
 
+The role's ``observability.redact`` patterns (regular expressions) mask what they match in the
+same places, so a secret-shaped value that no configuration knows (a token the model or a tool
+came across) is kept out of the run's record of prompts and responses too.
+
 Masking happens before anything is written, so a masked value is gone for good: a gated call
 approved later, or a call re-issued after a crash, runs with the mask in place of the secret.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -34,43 +39,74 @@ def secret_values(secrets: Sequence[Secret | None]) -> tuple[str, ...]:
     return tuple(sorted(values, key=len, reverse=True))
 
 
-def scrub(value: T, secrets: Sequence[str]) -> T:
-    """``value`` (JSON-like: dicts, lists, strings, numbers) with every secret masked."""
-    if not secrets:
+def redact_patterns(settings: Any) -> tuple[re.Pattern[str], ...]:
+    """The compiled ``observability.redact`` patterns of a role's harness settings (they were
+    validated when compiled; one that no longer compiles is skipped)."""
+    section = (settings or {}).get("observability") or {}
+    found = []
+    for text in section.get("redact") or ():
+        try:
+            found.append(re.compile(str(text)))
+        except re.error:
+            continue
+    return tuple(found)
+
+
+def scrub(value: T, secrets: Sequence[str], patterns: Sequence[re.Pattern[str]] = ()) -> T:
+    """``value`` (JSON-like: dicts, lists, strings, numbers) with every secret, and every match
+    of ``patterns``, masked."""
+    if not secrets and not patterns:
         return value
-    return cast(T, _scrub(value, secrets))
+    return cast(T, _scrub(value, secrets, patterns))
 
 
-def _scrub(value: Any, secrets: Sequence[str]) -> Any:
+def _scrub(value: Any, secrets: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> Any:
     if isinstance(value, str):
         for secret in secrets:
             if secret in value:
                 value = value.replace(secret, MASK)
+        for pattern in patterns:
+            value = pattern.sub(MASK, value)
         return value
     if isinstance(value, dict):
-        return {_scrub(k, secrets): _scrub(v, secrets) for k, v in value.items()}
+        return {
+            _scrub(k, secrets, patterns): _scrub(v, secrets, patterns) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return type(value)(_scrub(v, secrets) for v in value)
+        return type(value)(_scrub(v, secrets, patterns) for v in value)
     return value
 
 
-def scrub_outcome(outcome: InvocationOutcome, secrets: Sequence[str]) -> InvocationOutcome:
-    if not secrets:
+def scrub_outcome(
+    outcome: InvocationOutcome,
+    secrets: Sequence[str],
+    patterns: Sequence[re.Pattern[str]] = (),
+) -> InvocationOutcome:
+    if not secrets and not patterns:
         return outcome
     return replace(
-        outcome, output=scrub(outcome.output, secrets), reason=scrub(outcome.reason, secrets)
+        outcome,
+        output=scrub(outcome.output, secrets, patterns),
+        reason=scrub(outcome.reason, secrets, patterns),
     )
 
 
 class ScrubbingJournal:
-    """A :class:`~.invocation.StepJournal` that masks ``secrets`` in what it persists."""
+    """A :class:`~.invocation.StepJournal` that masks ``secrets`` and the matches of
+    ``patterns`` in what it persists."""
 
-    def __init__(self, inner: StepJournal, secrets: Sequence[str]) -> None:
+    def __init__(
+        self,
+        inner: StepJournal,
+        secrets: Sequence[str],
+        patterns: Sequence[re.Pattern[str]] = (),
+    ) -> None:
         self.inner = inner
         self.secrets = tuple(secrets)
+        self.patterns = tuple(patterns)
 
     def _s(self, value: T) -> T:
-        return scrub(value, self.secrets)
+        return scrub(value, self.secrets, self.patterns)
 
     async def steps(self) -> list[StepRecord]:
         return await self.inner.steps()

@@ -29,7 +29,7 @@ from runtime.invocation import (
     OutcomeKind,
     StepJournal,
 )
-from runtime.scrub import ScrubbingJournal, scrub_outcome
+from runtime.scrub import ScrubbingJournal, redact_patterns, scrub_outcome
 from runtime.tools import ToolRegistry
 from runtime.tools.bash import network_access
 from runtime.tools.subagents import invoke_scoped
@@ -89,9 +89,10 @@ class AgentInvoker:
             # The streamed text of each model step is shown live on the run page.
             client = LiveTextClient(cast(StreamingClient, client), request)
         loop = employee_tool_loop(profile, self.tools, client=client, policy=lambda _r: policy)
-        if profile.secrets:
-            journal = ScrubbingJournal(journal, profile.secrets)
+        patterns = redact_patterns((request.harness or {}).get("settings"))
+        if profile.secrets or patterns:
+            journal = ScrubbingJournal(journal, profile.secrets, patterns)
         with network_access((request.harness or {}).get("settings")):
             # In the invocation's scope: child journals, todo restore, the autonomy level.
             outcome = await invoke_scoped(loop, request, journal)
-        return scrub_outcome(outcome, profile.secrets)
+        return scrub_outcome(outcome, profile.secrets, patterns)

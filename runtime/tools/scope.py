@@ -107,7 +107,8 @@ async def child_journal(parent: StepJournal, invocation: str) -> StepJournal:
     one (``sub_journal``: the engine's persists it), an in-memory one otherwise; a scrubbing
     parent scrubs its child too."""
     if isinstance(parent, ScrubbingJournal):
-        return ScrubbingJournal(await child_journal(parent.inner, invocation), parent.secrets)
+        inner = await child_journal(parent.inner, invocation)
+        return ScrubbingJournal(inner, parent.secrets, parent.patterns)
     make = getattr(parent, "sub_journal", None)
     if make is not None:
         made = make(invocation)

@@ -46,7 +46,7 @@ from runtime.invocation import (
     StepJournal,
 )
 from runtime.policy import Decision, ToolPolicy, ToolRule
-from runtime.scrub import ScrubbingJournal
+from runtime.scrub import ScrubbingJournal, redact_patterns
 from runtime.tools.base import Invocation, ToolContext, ToolError, ToolResult
 from runtime.tools.ephemeral import EphemeralJournal
 from runtime.tools.scope import (
@@ -379,8 +379,9 @@ class DispatchSubAgentTool:
             user=parent.user,
         )
         sub = await child_journal(journal, name)
-        if child.secrets:
-            sub = ScrubbingJournal(sub, child.secrets)
+        patterns = redact_patterns(child.harness.get("settings"))
+        if child.secrets or patterns:
+            sub = ScrubbingJournal(sub, child.secrets, patterns)
         metered = MeteredJournal(sub, scope, depth, name)
         try:
             async with asyncio.timeout(budget):
