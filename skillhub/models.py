@@ -246,3 +246,69 @@ class SkillLoopConfig(models.Model):
 
     def __str__(self) -> str:
         return f"review of {self.skill_id}"
+
+
+#: A skill directory's key and a skill's name in it.
+DIRECTORY_KEY = r"^[a-z0-9]+([-_][a-z0-9]+)*$"
+DIRECTORY_SKILL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class DirectorySource(models.TextChoices):
+    #: A folder under ``LOOPWRIGHT_SKILLS_ROOT``.
+    FOLDER = "folder", "Folder under the skills root"
+    #: A folder of a Git repository, checked out through the outbound guard.
+    GIT = "git", "Git repository"
+
+
+class SkillDirectory(models.Model):
+    """A skills directory (``*/SKILL.md``): instructions the model loads with the ``skill`` tool
+    (docs/skill-directories.md). Deny by default: only the listed ``employees`` see it."""
+
+    key = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True, default="")
+    source = models.CharField(max_length=10, choices=DirectorySource.choices)
+    #: folder: the folder under the skills root; git: the folder of the repository ("" = root).
+    path = models.CharField(max_length=1000, blank=True, default="")
+    repository = models.CharField(max_length=2000, blank=True, default="")
+    ref = models.CharField(max_length=200, blank=True, default="HEAD")
+    #: Usernames of the employees that may use the directory (empty: nobody).
+    employees = models.JSONField(default=list, blank=True)
+    #: Allowlist of skill names (empty: every skill of the directory).
+    skills = models.JSONField(default=list, blank=True)
+    #: git: the commit the last sync read.
+    commit = models.CharField(max_length=64, blank=True, default="")
+    synced_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["key"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(source__in=["folder", "git"]), name="skillhub_skilldir_source"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class DirectorySkill(models.Model):
+    """One ``SKILL.md`` of a directory, as its last sync read it (replaced by each sync)."""
+
+    directory = models.ForeignKey(SkillDirectory, on_delete=models.CASCADE, related_name="entries")
+    name = models.CharField(max_length=64)
+    description = models.TextField()
+    instructions = models.TextField(blank=True, default="")
+    #: The SKILL.md's path within the directory (``pdf/SKILL.md``).
+    source_path = models.CharField(max_length=1000)
+    sha256 = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["directory", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["directory", "name"], name="skillhub_dirskill_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.directory_id}:{self.name}"

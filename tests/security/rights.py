@@ -150,6 +150,10 @@ RIGHTS: dict[str, dict[str, str]] = {
     "ui:knowledge-access": {"GET": VIEWER, "POST": OPERATOR},
     "ui:knowledge-upload": {"POST": OPERATOR},
     "ui:knowledge-search": {"POST": OPERATOR},
+    # skills directories: everyone reads, operators write and sync (docs/skill-directories.md)
+    "skill-directory-list": {**READ, "POST": OPERATOR},
+    "skill-directory-detail": {**READ, "PATCH": OPERATOR, "DELETE": OPERATOR},
+    "skill-directory-sync": {"POST": OPERATOR},
     "mcp-server-list": {**READ, "POST": ADMIN},
     "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
     "mcp-server-refresh": {"POST": ADMIN},
