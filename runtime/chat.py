@@ -461,6 +461,9 @@ async def chat_complete(
         settings=invoker.settings,
         system_prompt=invoker.system_prompt,
         bound_tools=invoker.bound_tools,
+        preset_messages=invoker.preset_messages,
+        vision=invoker.vision,
+        endpoint_name=invoker.endpoint_name,
     )
 
     def add_usage(tokens_in: int, tokens_out: int, cost: float) -> None:

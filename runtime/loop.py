@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,6 +54,7 @@ from runtime.invocation import (
 from runtime.loop_settings import RECURSION_LIMIT, LoopSettings, cap_label, harness_step_cap
 from runtime.model_config import EndpointOverflow
 from runtime.model_failures import misreported_overflow, temporarily_unavailable
+from runtime.model_images import ImagesRefused, input_images
 from runtime.output_format import OutputFormat
 from runtime.policy import ToolPolicy, without_workdir_tools
 from runtime.prompt_template import PromptTemplateError
@@ -147,6 +148,9 @@ class ToolLoopInvoker(NothingToPrepare):
         settings: LoopSettings | Callable[[InvocationRequest], LoopSettings] = DEFAULT_SETTINGS,
         system_prompt: PromptProvider = prompts.default_system_prompt,
         bound_tools: BoundTools = (),
+        preset_messages: Sequence[Message] = (),
+        vision: bool = False,
+        endpoint_name: str = "",
     ) -> None:
         self.model_clients = model_clients
         self.tools = tools
@@ -154,6 +158,11 @@ class ToolLoopInvoker(NothingToPrepare):
         self.settings = settings
         self.system_prompt = system_prompt
         self.bound_tools = bound_tools
+        #: Few-shot messages sent after the system prompt (the employee's ``preset_messages``).
+        self.preset_messages = tuple(preset_messages)
+        #: Whether the model (endpoint ``endpoint_name``) accepts image content parts.
+        self.vision = vision
+        self.endpoint_name = endpoint_name
 
     def invocation_of(self, request: InvocationRequest) -> Invocation:
         """Who the calls of ``request`` are made by, as every call's ``ToolContext`` carries it."""
@@ -194,6 +203,10 @@ class ToolLoopInvoker(NothingToPrepare):
         except PromptTemplateError as exc:  # before any model call: the prompt is not whole
             return InvocationOutcome(
                 kind=OutcomeKind.FAILED, code="prompt_template", reason=f"system prompt: {exc}"
+            )
+        except ImagesRefused as exc:  # before any model call: nothing is dropped silently
+            return InvocationOutcome(
+                kind=OutcomeKind.FAILED, code="images_unsupported", reason=str(exc)
             )
 
 
@@ -267,17 +280,26 @@ class _Invocation:
 
     async def _fresh_start(self) -> tuple[list[Message], list[Message]]:
         """The prompt (kept whole by compaction) and the history a fresh invocation starts with:
-        system prompt and goal; or, request-scoped, the system prompt and the client's leading
-        system messages, with the rest of the client's conversation as history."""
+        system prompt, the employee's preset messages and the goal; or, request-scoped, the
+        system prompt, the client's leading system messages and the preset messages, with the
+        rest of the client's conversation as history."""
         system: Message = {
             "role": "system",
             "content": await _resolve(self.owner.system_prompt(self.request)),
         }
+        presets = [dict(message) for message in self.owner.preset_messages]
         chat = self.request.conversation
         if chat is None:
-            return [system, {"role": "user", "content": prompts.goal_message(self.request)}], []
+            if input_images(self.request.inputs) and not self.owner.vision:
+                raise ImagesRefused(
+                    f"The run was given images (inputs.images) but the model endpoint "
+                    f"{self.owner.endpoint_name or '(unnamed)'!r} does not accept images "
+                    "(its vision setting is off)."
+                )
+            goal: Message = {"role": "user", "content": prompts.goal_content(self.request)}
+            return [system, *presets, goal], []
         head = next((i for i, m in enumerate(chat) if m.get("role") != "system"), len(chat))
-        return [system, *chat[:head]], list(chat[head:])
+        return [system, *chat[:head], *presets], list(chat[head:])
 
     # --- model steps -------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 
@@ -47,7 +47,13 @@ from runtime.model_config import (
     EndpointsFailed,
     RetryPolicy,
 )
-from runtime.model_wire import EndpointError, build_body, error_from_payload, parse_response
+from runtime.model_wire import (
+    EndpointError,
+    apply_keep_think,
+    build_body,
+    error_from_payload,
+    parse_response,
+)
 from runtime.observers import runtime_observer
 from runtime.outbound import OutboundPolicy
 from runtime.scripted import ScriptedModelClient, load_script
@@ -74,6 +80,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the rest of a streamed body after ``[DONE]`` is read for (see ``_drain``).
 DRAIN_SECONDS = 1.0
+
+StreamRetryMode = Literal["off", "full"]
 
 #: Called (when set in the caller's context) each time an endpoint accepted a streamed call: it
 #: answered 2xx with an event stream. The OpenAI-compatible endpoint starts its own response then.
@@ -106,6 +114,7 @@ class OpenAICompatibleClient:
         *,
         breaker: CircuitBreaker | None = None,
         stream_mode: StreamMode = "auto",
+        stream_retry_mode: StreamRetryMode = "off",
         auto_window_seconds: float = DEFAULT_AUTO_WINDOW_SECONDS,
         on_text: TextCallback | None = None,
         retry: RetryPolicy | None = None,
@@ -119,6 +128,9 @@ class OpenAICompatibleClient:
         self.config = config
         self.breaker = breaker
         self.stream_mode: StreamMode = stream_mode
+        #: ``full``: a streamed call is read whole before any of it is released, so a stream
+        #: that breaks midway is retried (and fails over) like a non-streamed call.
+        self.stream_retry_mode: StreamRetryMode = stream_retry_mode
         self.auto_window_seconds = auto_window_seconds
         self.on_text = on_text
         self.retry = retry or RetryPolicy()
@@ -170,7 +182,12 @@ class OpenAICompatibleClient:
                         break
                 else:
                     _observed(target, started, "")
-                    return response
+                    text_format = request.response_format == "text" and (
+                        target.params.response_format == "text"
+                    )
+                    return apply_keep_think(
+                        response, keep=target.params.keep_think, text_format=text_format
+                    )
         raise _all_failed(failures)
 
     @asynccontextmanager
@@ -270,10 +287,11 @@ class OpenAICompatibleClient:
         if target.api_key_env and key is None:
             raise EndpointError("endpoint", f"API key variable {target.api_key_env} is not set")
         body = build_body(request, target)
+        buffered = request.stream and self.stream_retry_mode == "full"
         for attempt in range(attempts):
-            router = self._router(request, sink) if request.stream else None
+            router = self._router(request, sink, buffered) if request.stream else None
             try:
-                return await self._attempt(http, target, body, key, router)
+                response = await self._attempt(http, target, body, key, router)
             except EndpointError as err:
                 runtime_observer().model_error(endpoint=target.name, kind=err.kind)
                 if err.kind == "transient":
@@ -285,7 +303,7 @@ class OpenAICompatibleClient:
                         err.exhausted = True
                         err.detail = f"{err.detail}; circuit open"
                         raise err from None
-                self._check_retry(err, router, last=attempt + 1 >= attempts)
+                self._check_retry(err, None if buffered else router, last=attempt + 1 >= attempts)
                 delay = self.retry.delay(attempt, err.retry_after, self._rng)
                 logger.info(
                     "model endpoint %s: %s; retry %d of %d in %.2fs",
@@ -296,6 +314,10 @@ class OpenAICompatibleClient:
                     delay,
                 )
                 await self._sleep(delay)
+                continue
+            if buffered:  # whole now: released as a JSON answer to a streamed request is
+                await _replay(response, self._router(request, sink))
+            return response
         raise AssertionError("unreachable: the last attempt either returns or raises")
 
     async def _opened_by_failures(
@@ -321,7 +343,11 @@ class OpenAICompatibleClient:
             err.exhausted = True
             raise err
 
-    def _router(self, request: ChatRequest, sink: _Sinks) -> StreamRouter:
+    def _router(self, request: ChatRequest, sink: _Sinks, buffered: bool = False) -> StreamRouter:
+        """The live router of a streamed attempt; ``buffered`` (streamRetryMode full): one
+        that releases nothing (the whole answer is replayed to a live one when it is in)."""
+        if buffered:
+            return StreamRouter(mode="drain", tools_offered=bool(request.tools), on_text=None)
         return StreamRouter(
             mode=self.stream_mode,
             tools_offered=bool(request.tools),

@@ -41,6 +41,9 @@ class ModelParams(BaseModel):
         default="text", alias="responseFormat"
     )
     json_schema: dict[str, Any] | None = Field(default=None, alias="jsonSchema")
+    #: Keep the model's reasoning in the answer text (``<think>…</think>`` before it); false:
+    #: a leading ``<think>`` block is moved out of the text. Never sent to the endpoint.
+    keep_think: bool = Field(default=False, alias="keepThink")
     #: Merged into the request body last (provider-specific knobs such as reasoning_effort).
     extra_fields: dict[str, Any] = Field(default_factory=dict, alias="extraFields")
 

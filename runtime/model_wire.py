@@ -4,7 +4,9 @@ error answer means (retry, fail over, or stop). Every error text is redacted bef
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 import httpx2
@@ -16,6 +18,7 @@ from runtime.streaming import usage_from_wire
 from runtime.types import ChatRequest, ChatResponse, ContextOverflow, ToolCall
 
 MAX_ERROR_TEXT = 500
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 ErrorKind = Literal["transient", "endpoint", "request"]
 
@@ -193,3 +196,23 @@ def parse_response(
     if isinstance(data, dict) and data.get("error"):
         raise error_from_payload(data["error"], key)
     return parse_completion(data, target)
+
+
+def apply_keep_think(response: ChatResponse, *, keep: bool, text_format: bool) -> ChatResponse:
+    """The answer text as ``keepThink`` wants it (docs/model-client.md). False: a leading
+    ``<think>…</think>`` block leaves the text for ``reasoning_content``. True (a text answer
+    without tool calls only): the reasoning the endpoint sent apart goes in front of the text
+    as a ``<think>`` block; text that already starts with one is kept as it is."""
+    if keep:
+        content = response.content
+        if not text_format or response.tool_calls or not response.reasoning_content:
+            return response
+        if content.lstrip().startswith("<think>"):
+            return response
+        return replace(response, content=f"<think>{response.reasoning_content}</think>{content}")
+    match = _THINK.match(response.content)
+    if match is None:
+        return response
+    thought = match.group(1).strip()
+    reasoning = "\n".join(part for part in (response.reasoning_content, thought) if part)
+    return replace(response, content=response.content[match.end() :], reasoning_content=reasoning)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from runtime.invocation import InvocationRequest, LoopRole
+from runtime.model_images import image_parts, input_images, without_images
 
 #: Context keys that steer the loop itself rather than inform the model.
 FORMAT_KEYS = frozenset({"response_format", "response_schema", "auto_allowlist"})
@@ -45,14 +46,24 @@ def _json_block(title: str, value: Any) -> str:
 
 
 def goal_message(request: InvocationRequest) -> str:
-    """The first user message: the goal, then the inputs and what earlier roles produced."""
+    """The first user message: the goal, then the inputs (images aside: they go as content
+    parts, :func:`goal_content`) and what earlier roles produced."""
     parts = [f"Goal:\n{request.goal}"]
-    if request.inputs:
-        parts.append(_json_block("Inputs", request.inputs))
+    inputs = without_images(request.inputs)
+    if inputs:
+        parts.append(_json_block("Inputs", inputs))
     context = {k: v for k, v in request.context.items() if k not in FORMAT_KEYS and v}
     if context:
         parts.append(_json_block("Context from earlier steps of this run", context))
     return "\n\n".join(parts)
+
+
+def goal_content(request: InvocationRequest) -> str | list[dict[str, Any]]:
+    """The first user message's content: :func:`goal_message`, or, when the run was given
+    images (``inputs.images``), a content-part array of that text and one part per image."""
+    images = input_images(request.inputs)
+    text = goal_message(request)
+    return image_parts(text, images) if images else text
 
 
 def finishing_instruction(*, structured: bool) -> str:

@@ -24,9 +24,10 @@ from loops.services.transitions import Lease, run_event_append
 from loops.span_models import new_trace_id
 from orchestrator import wakeups
 from orchestrator.agents.models import Employee
-from orchestrator.errors import Conflict
+from orchestrator.errors import Conflict, invalid_fields
 from orchestrator.tracecontext import TRACE_ID
 from runtime.invocation import LeaseLost
+from runtime.model_images import image_input_problems
 
 
 def role_bindings_of(pattern: LoopPattern) -> dict[str, Any]:
@@ -150,6 +151,8 @@ def run_trigger(
     if not pattern.enabled:
         raise Conflict(f"Pattern {pattern.key!r} is disabled; enable it to start runs.")
     inputs = dict(inputs or {})
+    if problems := image_input_problems(inputs):
+        raise invalid_fields(problems)
     policy = parse_policy(pattern.policy)
     overrides = harness_overrides_validated(harness_overrides)
     harness = role_harness_compile(pattern, policy, overrides)

@@ -44,7 +44,7 @@ class ModelEndpointAdmin(admin.ModelAdmin[ModelEndpoint]):
                 "LOOPWRIGHT_SECRET_ALLOW; the server's own variables are refused.",
             },
         ),
-        ("Parameters", {"fields": ("params", "context_window")}),
+        ("Parameters", {"fields": ("params", "context_window", "vision")}),
         ("Cost", {"fields": ("input_price_per_token", "output_price_per_token")}),
         (
             "Resilience",
@@ -76,7 +76,19 @@ class EmployeeAdmin(admin.ModelAdmin[Employee]):
     list_select_related = ("endpoint",)
     readonly_fields = ("created_at", "updated_at")
     fieldsets = (
-        (None, {"fields": ("username", "display_name", "endpoint", "system_prompt", "params")}),
+        (
+            None,
+            {
+                "fields": (
+                    "username",
+                    "display_name",
+                    "endpoint",
+                    "system_prompt",
+                    "preset_messages",
+                    "params",
+                )
+            },
+        ),
         (
             "Limits and tools",
             {
@@ -88,6 +100,7 @@ class EmployeeAdmin(admin.ModelAdmin[Employee]):
                     "max_tool_output_length",
                     "streaming",
                     "stream_tool_call_check",
+                    "stream_retry_mode",
                 )
             },
         ),

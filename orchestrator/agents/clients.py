@@ -134,6 +134,7 @@ def model_client_for_employee(
         employee_endpoint_config(employee),
         breaker=breaker or breaker_default(),
         stream_mode=stream_mode_of(employee),
+        stream_retry_mode="full" if employee.stream_retry_mode == "full" else "off",
         on_text=on_text,
         **options,
     )

@@ -36,6 +36,65 @@ class Provider(models.TextChoices):
     SCRIPTED = "scripted", "Offline scripted model"
 
 
+class StreamRetryMode(models.TextChoices):
+    OFF = "off", "off (retry only before the first text; live text)"
+    FULL = "full", "full (buffer the stream; retry it whole on a mid-stream failure)"
+
+
+PRESET_ROLES = ("user", "assistant", "system")
+MAX_PRESET_MESSAGES = 50
+MAX_PRESET_CHARS = 100_000
+
+
+def _content_chars(content: object) -> int | None:
+    """Characters of a message's content (a string or OpenAI content parts); None: malformed."""
+    if isinstance(content, str):
+        return len(content)
+    if not isinstance(content, list) or not content:
+        return None
+    total = 0
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in ("text", "image_url"):
+            return None
+        if part["type"] == "text" and isinstance(part.get("text"), str):
+            total += len(part["text"])
+        elif part["type"] == "image_url" and isinstance(part.get("image_url"), dict):
+            total += len(str(part["image_url"].get("url") or ""))
+        else:
+            return None
+    return total
+
+
+def preset_message_problems(value: object) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every problem of an employee's ``preset_messages`` as (path inside the field, message):
+    a list of at most 50 ``{role, content}`` (role user / assistant / system; content a string
+    or an OpenAI content-part array), 100,000 characters in all."""
+    if not isinstance(value, list):
+        return [((), "A list of {role, content} messages.")]
+    if len(value) > MAX_PRESET_MESSAGES:
+        return [((), f"At most {MAX_PRESET_MESSAGES} preset messages.")]
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    total = 0
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            problems.append(((index,), "An object {role, content}."))
+            continue
+        extra = sorted(set(message) - {"role", "content"})
+        if extra:
+            problems.append(((index, extra[0]), "Unknown field; a message has role and content."))
+        if message.get("role") not in PRESET_ROLES:
+            problems.append(((index, "role"), "One of user, assistant, system."))
+        chars = _content_chars(message.get("content"))
+        if chars is None:
+            problems.append(
+                ((index, "content"), "A string or an array of text / image_url content parts.")
+            )
+        total += chars or 0
+    if not problems and total > MAX_PRESET_CHARS:
+        problems.append(((), f"At most {MAX_PRESET_CHARS:,} characters in all ({total:,} given)."))
+    return problems
+
+
 class StreamToolCallCheck(models.TextChoices):
     # Values are spelled as in docs/model-client.md, which operators copy from.
     AUTO = "auto", "auto (500 ms observation window)"
@@ -78,6 +137,8 @@ class ModelEndpoint(models.Model):
     output_price_per_token = models.DecimalField(max_digits=20, decimal_places=12, default=0)
     max_retries = models.PositiveSmallIntegerField(default=3)
     timeout_seconds = models.FloatField(default=60.0)
+    #: The model accepts image content parts (a run's ``inputs.images`` are sent to it).
+    vision = models.BooleanField(default=False)
     circuit_cooldown_seconds = models.PositiveIntegerField(default=60)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -209,6 +270,11 @@ class Employee(models.Model):
     stream_tool_call_check = models.CharField(
         max_length=20, choices=StreamToolCallCheck.choices, default=StreamToolCallCheck.AUTO
     )
+    stream_retry_mode = models.CharField(
+        max_length=10, choices=StreamRetryMode.choices, default=StreamRetryMode.OFF
+    )
+    #: Few-shot messages sent after the system prompt, before the goal or the chat.
+    preset_messages = models.JSONField(default=list, blank=True)
     #: A published harness profile (``tag`` or ``tag@N``) stacked on every run of this
     #: employee after the pattern's layer; blank: none.
     harness_tag = models.CharField(max_length=120, blank=True, default="")
@@ -241,6 +307,10 @@ class Employee(models.Model):
                 condition=Q(stream_tool_call_check__in=StreamToolCallCheck.values),
                 name="agents_employee_stream_check_valid",
             ),
+            models.CheckConstraint(
+                condition=Q(stream_retry_mode__in=StreamRetryMode.values),
+                name="agents_employee_stream_retry_mode_valid",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -250,11 +320,18 @@ class Employee(models.Model):
         # The services check these first to answer with pointers; this covers the admin.
         if self.harness is None:  # an emptied admin field: no inline layer
             self.harness = {}
+        if self.preset_messages is None:  # an emptied admin field: no presets
+            self.preset_messages = []
         errors: dict[str, list[str]] = {}
         for problem in employee_harness_problems(self.harness_tag, self.harness):
             field, _, inner = problem["pointer"].strip("/").partition("/")
             where = f"{inner.replace('/', '.')}: " if inner else ""
             errors.setdefault(field, []).append(f"{where}{problem['detail']}")
+        for path, detail in preset_message_problems(self.preset_messages):
+            where = ".".join(str(part) for part in path)
+            errors.setdefault("preset_messages", []).append(
+                f"{where}: {detail}" if where else detail
+            )
         if errors:
             raise ValidationError(errors)
 
@@ -355,9 +432,11 @@ __all__ = [
     "FailoverRoute",
     "ModelEndpoint",
     "Provider",
+    "StreamRetryMode",
     "StreamToolCallCheck",
     "SubAgentBinding",
     "employee_harness_problems",
     "params_errors",
+    "preset_message_problems",
     "sub_agent_binding_problems",
 ]

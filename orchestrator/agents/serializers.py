@@ -18,7 +18,13 @@ from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
 from harness.serializers import HarnessLayerField
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, SubAgentBinding
+from orchestrator.agents.models import (
+    Employee,
+    FailoverRoute,
+    ModelEndpoint,
+    SubAgentBinding,
+    preset_message_problems,
+)
 from orchestrator.strict import StrictModelSerializer
 from runtime import outbound
 from runtime.model_config import ModelParams
@@ -68,6 +74,49 @@ class ModelParamsField(serializers.Field[Any, Any, dict[str, Any], Any]):
 
     def to_representation(self, value: Any) -> dict[str, Any]:
         return dict(value or {})
+
+
+_TEXT = {
+    "type": "object",
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+_IMAGE = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "enum": ["image_url"]},
+        "image_url": {
+            "type": "object",
+            "properties": {"url": {"type": "string"}},
+            "required": ["url"],
+        },
+    },
+    "required": ["type", "image_url"],
+}
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "maxItems": 50,
+        "items": {
+            "type": "object",
+            "properties": {
+                "role": {"type": "string", "enum": ["user", "assistant", "system"]},
+                "content": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "array", "minItems": 1, "items": {"oneOf": [_TEXT, _IMAGE]}},
+                    ]
+                },
+            },
+            "required": ["role", "content"],
+            "additionalProperties": False,
+        },
+    }
+)
+class PresetMessagesField(serializers.JSONField):
+    """An employee's few-shot messages (checked by ``validate_preset_messages``)."""
 
 
 def _pydantic_errors(exc: PydanticValidationError) -> dict[str, list[str]] | list[str]:
@@ -150,6 +199,7 @@ class ModelEndpointSerializer(StrictModelSerializer[ModelEndpoint]):
             "max_retries",
             "timeout_seconds",
             "circuit_cooldown_seconds",
+            "vision",
             "failover",
             "created_at",
             "updated_at",
@@ -164,6 +214,10 @@ class ModelEndpointSerializer(StrictModelSerializer[ModelEndpoint]):
             "max_retries": {"min_value": 0, "max_value": 10},
             "timeout_seconds": {"min_value": 0.001, "max_value": MAX_SECONDS},
             "circuit_cooldown_seconds": {"min_value": 1},
+            "vision": {
+                "help_text": "The model accepts image content parts: a run's `inputs.images` "
+                "are sent to it. Off: a run given images fails before any model call."
+            },
             "context_window": {"min_value": 1},
             "input_price_per_token": {"min_value": 0},
             "output_price_per_token": {"min_value": 0},
@@ -202,6 +256,15 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
             "(`/harness/limits/maxTokens`)."
         ),
     )
+    preset_messages = PresetMessagesField(
+        required=False,
+        help_text=(
+            "Few-shot messages `[{role: user|assistant|system, content}]` (content: a string or "
+            "OpenAI content parts), sent after the system prompt and before a run's goal (a "
+            "chat: after the client's leading system messages). At most 50, 100,000 "
+            "characters in all; problems point into it (`/preset_messages/1/role`)."
+        ),
+    )
 
     class Meta:
         model = Employee
@@ -218,6 +281,8 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
             "max_tool_output_length",
             "streaming",
             "stream_tool_call_check",
+            "stream_retry_mode",
+            "preset_messages",
             "harness_tag",
             "harness",
             "created_at",
@@ -243,12 +308,33 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
                 "help_text": "How a stream's tool calls are detected: auto, firstContent or "
                 "drain; see docs/model-client.md."
             },
+            "stream_retry_mode": {
+                "help_text": "off: a stream that fails after its first text is not retried "
+                "(text shows live); full: the stream is buffered and retried from the start "
+                "on a mid-stream failure (its text is released only when it is whole)."
+            },
         }
 
     def validate_tools(self, tools: list[str]) -> list[str]:
         if len(set(tools)) != len(tools):
             raise serializers.ValidationError("Each tool may be listed once.")
         return tools
+
+    def validate_preset_messages(self, messages: Any) -> Any:
+        problems = preset_message_problems(messages)
+        if not problems:
+            return messages
+        nested: dict[str, Any] = {}
+        general: list[str] = []
+        for path, detail in problems:
+            if not path:
+                general.append(detail)
+                continue
+            node = nested
+            for part in path[:-1]:
+                node = node.setdefault(str(part), {})
+            node.setdefault(str(path[-1]), []).append(detail)
+        raise serializers.ValidationError(nested if nested else general)
 
     def validate_system_prompt(self, prompt: str) -> str:
         """Placeholders parse (docs/prompts.md); what they name is resolved when a run starts."""

@@ -62,6 +62,11 @@ class EmployeeProfile:
     #: Usernames of the employees bound to this one as sub-agents (``dispatch_sub_agent_task``
     #: is offered only when there are any).
     sub_agents: tuple[str, ...] = ()
+    #: Few-shot messages sent after the system prompt (the employee's ``preset_messages``).
+    preset_messages: tuple[dict[str, Any], ...] = ()
+    #: The employee's endpoint, and whether it accepts image content parts.
+    endpoint_name: str = ""
+    vision: bool = False
 
 
 def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProfile:
@@ -82,6 +87,9 @@ def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProf
                 "child__username", flat=True
             )
         ),
+        preset_messages=tuple(employee.preset_messages or ()),
+        endpoint_name=employee.endpoint.name,
+        vision=employee.endpoint.vision,
     )
 
 
@@ -234,4 +242,7 @@ def employee_tool_loop(
         # Carried by every call's ToolContext: skill tools check the employee's access
         # (a ``custom``-scope skill needs its tool bound) from it, not from a row.
         bound_tools=profile.tools,
+        preset_messages=profile.preset_messages,
+        vision=profile.vision,
+        endpoint_name=profile.endpoint_name,
     )

@@ -119,7 +119,7 @@ def test_the_admin_shows_each_problem_at_its_field(operator: APIClient):
         "username": "hal", "display_name": "", "endpoint": endpoint.pk, "system_prompt": "",
         "params": "{}", "max_steps": 12, "tools": "[]", "tool_concurrency": 4,
         "tool_timeout_seconds": 60, "max_tool_output_length": 50000,
-        "stream_tool_call_check": "auto", "harness_tag": "ghost",
+        "stream_tool_call_check": "auto", "stream_retry_mode": "off", "harness_tag": "ghost",
         "harness": '{"limits": {"maxTokens": -1}}',
     }  # fmt: skip
     response = client.post("/admin/agents/employee/add/", form)
