@@ -11,7 +11,6 @@ path; a reference to an instruction never published refuses the trigger (400).
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from tests.support.approvals import (
     role_of,
 )
 from tests.support.model_server import ModelServer
+from tests.support.repos import committed_repository
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -55,16 +55,9 @@ def model() -> Iterator[ModelServer]:
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "IDENTITY.md").write_text("You are the Tidewater release team.\n")
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["add", "IDENTITY.md"],
-        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first"],
-    ):
-        subprocess.run(["git", *args], cwd=repo, check=True)
-    return repo
+    return committed_repository(
+        tmp_path / "repo", {"IDENTITY.md": "You are the Tidewater release team.\n"}
+    )
 
 
 @pytest.fixture

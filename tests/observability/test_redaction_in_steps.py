@@ -6,7 +6,6 @@ reads it and repeats it in its answer. The production invoker, a model over loop
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tests.support.approvals import (
     http_reply,
 )
 from tests.support.model_server import ModelServer
+from tests.support.repos import committed_repository
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -45,16 +45,9 @@ def model() -> Iterator[ModelServer]:
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "notes.txt").write_text(f"deploy key {PLANTED} (rotate monthly)\n")
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["add", "notes.txt"],
-        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first"],
-    ):
-        subprocess.run(["git", *args], cwd=repo, check=True)
-    return repo
+    return committed_repository(
+        tmp_path / "repo", {"notes.txt": f"deploy key {PLANTED} (rotate monthly)\n"}
+    )
 
 
 def test_a_planted_secret_is_masked_in_everything_the_run_keeps(
