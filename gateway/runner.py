@@ -28,6 +28,7 @@ from gateway.access import PROFILES, Prepared
 from gateway.errors import OpenAIError
 from gateway.models import new_completion_id
 from gateway.validation import CompletionRequest
+from orchestrator.agents.quotas import quota_charge, quota_spent
 from orchestrator.agents.subagent_host import agent_tools_register
 from orchestrator.agents.wiring import (
     employee_tool_loop,
@@ -254,13 +255,41 @@ class Chat:
             await db_call(services.completion_record, self.tally, duration)
         except Exception:
             logger.exception("chat completion record %s not written", self.tally.id)
+        quota = self.prepared.profile.quota
+        tokens = self.tally.prompt_tokens + self.tally.completion_tokens
+        if quota is not None and quota.binds and tokens:
+            try:
+                await db_call(
+                    functools.partial(quota_charge, quota.username, tokens=tokens, cost=0)
+                )
+            except Exception:
+                logger.exception("chat completion %s: quota usage not added", self.tally.id)
         try:
             tracing.chat_span_export(self.trace, self.tally, duration)
         except Exception:
             logger.exception("chat completion span %s not exported", self.tally.id)
 
 
-# --- Guardrails -------------------------------------------------------------------------------
+# --- Quotas and guardrails -------------------------------------------------------------------
+
+
+async def guard_quota(chat: Chat) -> None:
+    """A 429 ``quota_exceeded`` error with ``Retry-After`` (to the next UTC midnight) when the
+    employee's daily quota is used up (the request is recorded as blocked)."""
+    quota = chat.prepared.profile.quota
+    if quota is None or not quota.binds:
+        return
+    spent = await db_call(functools.partial(quota_spent, quota))
+    if spent is None:
+        return
+    chat.failed("blocked", spent.message())
+    chat.record_soon()
+    raise OpenAIError(
+        429,
+        f"The daily quota is used up: {spent.message()}.",
+        code="quota_exceeded",
+        headers={"Retry-After": str(spent.retry_after_seconds())},
+    )
 
 
 def _recorded(chat: Chat, report: GuardrailReport) -> dict[str, Any]:
@@ -314,6 +343,7 @@ async def guard_output(chat: Chat, result: ChatResult) -> ChatResult:
 
 async def complete(chat: Chat) -> dict[str, Any]:
     """A non-streamed answer, or OpenAIError; the record is written either way."""
+    await guard_quota(chat)
     await guard_input(chat)
     try:
         result = await guard_output(chat, await chat.run())
@@ -356,6 +386,7 @@ async def stream_open(chat: Chat) -> AsyncIterator[str]:
     its first event): a chat refused or failed before that is an OpenAIError (an HTTP status,
     as for a non-streamed request); otherwise the SSE events, a later failure among them (the
     response's head then goes out while the model still thinks, off the first content's path)."""
+    await guard_quota(chat)
     guarded = await guard_input(chat)
     queue: asyncio.Queue[Any] = asyncio.Queue()
     accepted = False

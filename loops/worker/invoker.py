@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import cast
 
 from loops.live_text import LiveTextClient, StreamingClient
+from orchestrator.agents.quota_journal import QuotaJournal
 from orchestrator.agents.subagent_host import agent_tools_register
 from orchestrator.agents.wiring import (
     EmployeeProfile,
@@ -89,6 +90,8 @@ class AgentInvoker:
             # The streamed text of each model step is shown live on the run page.
             client = LiveTextClient(cast(StreamingClient, client), request)
         loop = employee_tool_loop(profile, self.tools, client=client, policy=lambda _r: policy)
+        if profile.quota is not None and profile.quota.binds:
+            journal = QuotaJournal(journal, profile.quota)
         patterns = redact_patterns((request.harness or {}).get("settings"))
         if profile.secrets or patterns:
             journal = ScrubbingJournal(journal, profile.secrets, patterns)

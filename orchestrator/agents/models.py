@@ -280,6 +280,10 @@ class Employee(models.Model):
     harness_tag = models.CharField(max_length=120, blank=True, default="")
     #: Inline harness layer settings (camelCase JSON, as a profile's); ``{}``: none.
     harness = models.JSONField(default=dict, blank=True)
+    #: The most tokens (prompt + completion) and the most cost (endpoint prices) the employee's
+    #: model calls may use per UTC day, runs and chats together; null: no quota.
+    daily_token_quota = models.PositiveBigIntegerField(null=True, blank=True)
+    daily_cost_quota = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -440,3 +444,20 @@ __all__ = [
     "preset_message_problems",
     "sub_agent_binding_problems",
 ]
+
+
+class EmployeeUsageDay(models.Model):
+    """What an employee's model calls used on one UTC day (``orchestrator.agents.quotas``)."""
+
+    username = models.CharField(max_length=150)
+    day = models.DateField()
+    tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["username", "day"], name="agents_usage_day_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} {self.day}: {self.tokens} tokens, {self.cost} cost"

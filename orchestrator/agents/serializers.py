@@ -283,6 +283,8 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
             "stream_tool_call_check",
             "stream_retry_mode",
             "preset_messages",
+            "daily_token_quota",
+            "daily_cost_quota",
             "harness_tag",
             "harness",
             "created_at",
@@ -307,6 +309,16 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
             "stream_tool_call_check": {
                 "help_text": "How a stream's tool calls are detected: auto, firstContent or "
                 "drain; see docs/model-client.md."
+            },
+            "daily_token_quota": {
+                "min_value": 1,
+                "help_text": "The most tokens (prompt + completion) the employee's model calls "
+                "may use per UTC day, its runs and chats together; null: no quota. A run out of "
+                "quota stops with a budget stop naming it; a chat answers 429 with Retry-After.",
+            },
+            "daily_cost_quota": {
+                "min_value": 0,
+                "help_text": "The same for cost (the endpoint's prices); null: no quota.",
             },
             "stream_retry_mode": {
                 "help_text": "off: a stream that fails after its first text is not retried "

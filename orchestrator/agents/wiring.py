@@ -27,6 +27,7 @@ from orchestrator.agents.clients import (
     model_client_for_employee,
 )
 from orchestrator.agents.models import Employee, SubAgentBinding
+from orchestrator.agents.quotas import EmployeeQuota
 from orchestrator.errors import NotFound
 from runtime.breaker import CircuitBreaker
 from runtime.invocation import InvocationRequest, LoopRole
@@ -67,6 +68,8 @@ class EmployeeProfile:
     #: The employee's endpoint, and whether it accepts image content parts.
     endpoint_name: str = ""
     vision: bool = False
+    #: The employee's daily token and cost quotas (``quotas.EmployeeQuota.binds``: any set).
+    quota: EmployeeQuota | None = None
 
 
 def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProfile:
@@ -90,6 +93,9 @@ def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProf
         preset_messages=tuple(employee.preset_messages or ()),
         endpoint_name=employee.endpoint.name,
         vision=employee.endpoint.vision,
+        quota=EmployeeQuota(
+            employee.username, employee.daily_token_quota, employee.daily_cost_quota
+        ),
     )
 
 
