@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from instructions.services import instruction_create, instruction_publish, instruction_save_draft
 from loops.models import LoopPattern, LoopRun, RunStatus
 from loops.services.runs import run_trigger
+from orchestrator.accounts.services import user_ensure
 from orchestrator.agents.models import Employee
 from orchestrator.agents.services import employee_create, model_endpoint_create
 from orchestrator.errors import InvalidInput
+from tests.conftest import PERSONAS
 from tests.support.approvals import (
     LEADER,
     MAKER,
@@ -122,6 +125,10 @@ def test_a_run_keeps_the_versions_it_started_with(
     assert verifier.startswith(f"Verifier. {TONE_1} Also: {TONE_1}")
     run = api_client_for("viewer").get(f"/api/v1/runs/{first.id}").json()
     assert run["instruction_versions"] == {"tone": 1}
+    page = Client()
+    page.force_login(user_ensure(username="viewer", roles=PERSONAS["viewer"]))
+    shown = page.get(f"/runs/{first.id}").content.decode()
+    assert '<a class="mono" href="/instructions/tone?version=1">tone@1</a>' in shown
 
     second = trigger(pattern, "second")
     assert second.instruction_versions == {"tone": 2}
