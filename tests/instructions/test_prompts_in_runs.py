@@ -129,6 +129,7 @@ def test_a_run_keeps_the_versions_it_started_with(
     page.force_login(user_ensure(username="viewer", roles=PERSONAS["viewer"]))
     shown = page.get(f"/runs/{first.id}").content.decode()
     assert '<a class="mono" href="/instructions/tone?version=1">tone@1</a>' in shown
+    assert "write tier</span>" in shown  # the maker's memory_save, a write
 
     second = trigger(pattern, "second")
     assert second.instruction_versions == {"tone": 2}
