@@ -291,6 +291,14 @@ LOOPWRIGHT_HARNESS_PLATFORM: dict[str, Any] = json.loads(
     os.environ.get("LOOPWRIGHT_HARNESS_PLATFORM") or "{}"
 )
 
+# Server folders synced into knowledge bases and skills directories (empty: under VAR_DIR), and
+# the largest knowledge document (docs/knowledge.md, docs/skill-directories.md).
+LOOPWRIGHT_KNOWLEDGE_ROOT = os.environ.get("LOOPWRIGHT_KNOWLEDGE_ROOT", "")
+LOOPWRIGHT_KNOWLEDGE_MAX_DOCUMENT_BYTES = env_int(
+    "LOOPWRIGHT_KNOWLEDGE_MAX_DOCUMENT_BYTES", 20 * 1024 * 1024
+)
+LOOPWRIGHT_SKILLS_ROOT = os.environ.get("LOOPWRIGHT_SKILLS_ROOT", "")
+
 # --- REST framework ---------------------------------------------------------------------------
 # Request bodies (docs/api.md, Input bounds): one limit for the API's JSON, the UI's forms
 # and webhook deliveries; a larger body is a 413 problem naming it. Django's own limit is the

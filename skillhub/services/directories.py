@@ -12,7 +12,6 @@ a directory is its ``employees`` list (empty: nobody); ``skills`` narrows it to 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -47,9 +46,7 @@ _NAME = re.compile(DIRECTORY_SKILL_NAME)
 
 def skills_root() -> Path:
     """The folder directories of source ``folder`` live under (``LOOPWRIGHT_SKILLS_ROOT``)."""
-    configured = getattr(settings, "LOOPWRIGHT_SKILLS_ROOT", "") or os.environ.get(
-        "LOOPWRIGHT_SKILLS_ROOT", ""
-    )
+    configured = settings.LOOPWRIGHT_SKILLS_ROOT
     return Path(configured) if configured else Path(settings.VAR_DIR) / "skills"
 
 
