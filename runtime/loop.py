@@ -434,6 +434,12 @@ class _Invocation:
             "phase": str(phase),
             "budget_tokens": conversation.budget_tokens,
             "tools": offered,
+            # The tools listed this turn and their trust tiers (seed 004's LIST_TOOLS).
+            "tool_tiers": {
+                name: str(spec.effect)
+                for name in offered
+                if (spec := self.toolset.offered.get(name)) is not None
+            },
             "estimated_tokens": compaction.tokens_after,
         }
         if number == 1:

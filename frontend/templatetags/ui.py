@@ -215,6 +215,26 @@ def step_tool_calls(step: Any) -> list[str]:
     return names
 
 
+#: The trust tiers of seed 004, by a tool's declared effect.
+_TIERS = {"read": "read", "write": "write", "external": "high-risk"}
+
+
+@register.filter
+def tier_of(effect: Any) -> str:
+    """The trust tier of a tool's effect (``external`` is the high-risk tier)."""
+    return _TIERS.get(str(effect), str(effect))
+
+
+@register.filter
+def step_tools_listed(step: Any) -> list[str]:
+    """``name (tier)`` of each tool a model step listed to the model (its LIST_TOOLS)."""
+    request = step.request if isinstance(step.request, dict) else {}
+    tiers = request.get("tool_tiers")
+    if not isinstance(tiers, dict):
+        return []
+    return [f"{name} ({tier_of(effect)})" for name, effect in tiers.items()]
+
+
 @register.filter
 def step_arguments(step: Any) -> Any:
     """A tool step's arguments (the runtime stores them under ``arguments``)."""

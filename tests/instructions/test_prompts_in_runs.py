@@ -130,6 +130,7 @@ def test_a_run_keeps_the_versions_it_started_with(
     shown = page.get(f"/runs/{first.id}").content.decode()
     assert '<a class="mono" href="/instructions/tone?version=1">tone@1</a>' in shown
     assert "write tier</span>" in shown  # the maker's memory_save, a write
+    assert "memory_save (write)" in shown  # the tools its model steps were listed
 
     second = trigger(pattern, "second")
     assert second.instruction_versions == {"tone": 2}
