@@ -13,6 +13,8 @@ from loops import db
 from orchestrator import wakeups
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
+from tests.support.approvals import http_reply
+from tests.support.model_server import ModelServer
 from tests.support.phases import deselect_server_agnostic
 from tests.support.write_paths import EXACT, FAST
 
@@ -85,3 +87,14 @@ def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     deselect_server_agnostic(config, items)
+
+
+@pytest.fixture
+def role_model() -> Iterator[ModelServer]:
+    """The loopback model server answering every role by the approvals script
+    (``tests.support.approvals.script_turn``): the leader plans, the maker proposes its input's
+    ``rounds``, the verifier passes."""
+    with ModelServer() as server:
+        server.always(http_reply)
+        yield server
+    server.check()

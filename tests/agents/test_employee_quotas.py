@@ -4,8 +4,6 @@ tests/gateway/test_chat_quota.py). The production invoker, a model over loopback
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from loops.models import LoopRun, RunStatus
@@ -18,7 +16,6 @@ from tests.support.approvals import (
     VERIFIER,
     approval_pattern,
     drive_production,
-    http_reply,
     role_of,
 )
 from tests.support.model_server import ModelServer
@@ -26,18 +23,10 @@ from tests.support.model_server import ModelServer
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        server.always(http_reply)
-        yield server
-    server.check()
-
-
 @pytest.mark.usefixtures("seeded_profiles")
-def test_a_run_stops_when_its_employee_is_out_of_quota(model: ModelServer) -> None:
+def test_a_run_stops_when_its_employee_is_out_of_quota(role_model: ModelServer) -> None:
     endpoint = model_endpoint_create(
-        name="quota-loopback", provider="openai", base_url=model.url, model="quota-script",
+        name="quota-loopback", provider="openai", base_url=role_model.url, model="quota-script",
         max_retries=0, timeout_seconds=60,
     )  # fmt: skip
     employee_create(username=LEADER, endpoint=endpoint, tools=["list"])
@@ -52,7 +41,7 @@ def test_a_run_stops_when_its_employee_is_out_of_quota(model: ModelServer) -> No
     assert f'employee "{MAKER}" has used its daily tokens quota (12; 15 today)' in (
         stopped.failure_reason
     )
-    maker_calls = [b for b in model.bodies if role_of(b["messages"]) == "maker"]
+    maker_calls = [b for b in role_model.bodies if role_of(b["messages"]) == "maker"]
     assert len(maker_calls) == 1  # the second model call was never made
     assert EmployeeUsageDay.objects.get(username=MAKER).tokens == 15
     assert not EmployeeUsageDay.objects.filter(username=LEADER).exists()  # no quota: not counted

@@ -11,7 +11,7 @@ path; a reference to an instruction never published refuses the trigger (400).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ from tests.support.approvals import (
     VERIFIER,
     approval_pattern,
     drive_production,
-    http_reply,
     pending_approvals,
     role_of,
 )
@@ -49,14 +48,6 @@ TONE_1, TONE_2 = "Answer in plain words.", "Answer in haiku."
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        server.always(http_reply)
-        yield server
-    server.check()
-
-
-@pytest.fixture
 def repository(tmp_path: Path) -> Path:
     return committed_repository(
         tmp_path / "repo", {"IDENTITY.md": "You are the Tidewater release team.\n"}
@@ -64,9 +55,9 @@ def repository(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def employees(model: ModelServer) -> None:
+def employees(role_model: ModelServer) -> None:
     endpoint = model_endpoint_create(
-        name="prompts-loopback", provider="openai", base_url=model.url, model="prompts-script",
+        name="prompts-loopback", provider="openai", base_url=role_model.url, model="prompts-script",
         max_retries=0, timeout_seconds=60,
     )  # fmt: skip
     instruction_create(name="tone", text=TONE_1, created_by="tester")
@@ -85,10 +76,10 @@ def trigger(pattern: LoopPattern, label: str, **fields: Any) -> LoopRun:
     return run_trigger(pattern=pattern, actor="alice", inputs=inputs, **fields)
 
 
-def system_prompts(model: ModelServer, label: str, role: str) -> list[str]:
+def system_prompts(role_model: ModelServer, label: str, role: str) -> list[str]:
     found = [
         str(body["messages"][0]["content"])
-        for body in model.bodies
+        for body in role_model.bodies
         if role_of(body["messages"]) == role and f"Approvals test {label}" in json.dumps(body)
     ]
     return found
@@ -103,7 +94,7 @@ def approve(run: LoopRun, api_client_for: Callable[[str], APIClient]) -> None:
 
 
 def test_a_run_keeps_the_versions_it_started_with(
-    model: ModelServer,
+    role_model: ModelServer,
     employees: None,
     repository: Path,
     api_client_for: Callable[[str], APIClient],
@@ -112,16 +103,16 @@ def test_a_run_keeps_the_versions_it_started_with(
     first = trigger(pattern, "first")
     assert first.instruction_versions == {"tone": 1}
     assert drive_production(first.id) == RunStatus.WAITING_APPROVAL
-    [leader] = system_prompts(model, "first", "leader")
+    [leader] = system_prompts(role_model, "first", "leader")
     assert leader.startswith("You are the Tidewater release team.\nTicket first.")
-    assert system_prompts(model, "first", "maker")[0].startswith(f"Maker. {TONE_1}")
+    assert system_prompts(role_model, "first", "maker")[0].startswith(f"Maker. {TONE_1}")
 
     # v2 is published while the run waits; the run resumes with v1, the next run gets v2.
     instruction_save_draft(name="tone", text=TONE_2, created_by="tester")
     instruction_publish(name="tone", published_by="tester")
     approve(first, api_client_for)
     assert drive_production(first.id) == RunStatus.SUCCEEDED
-    [verifier] = system_prompts(model, "first", "verifier")
+    [verifier] = system_prompts(role_model, "first", "verifier")
     assert verifier.startswith(f"Verifier. {TONE_1} Also: {TONE_1}")
     run = api_client_for("viewer").get(f"/api/v1/runs/{first.id}").json()
     assert run["instruction_versions"] == {"tone": 1}
@@ -135,13 +126,13 @@ def test_a_run_keeps_the_versions_it_started_with(
     second = trigger(pattern, "second")
     assert second.instruction_versions == {"tone": 2}
     assert drive_production(second.id) == RunStatus.WAITING_APPROVAL
-    assert system_prompts(model, "second", "maker")[0].startswith(f"Maker. {TONE_2}")
+    assert system_prompts(role_model, "second", "maker")[0].startswith(f"Maker. {TONE_2}")
     again = trigger(pattern, "again", retry_of=first)
     assert again.instruction_versions == {"tone": 1}
 
 
 def test_an_include_of_a_missing_file_fails_before_any_model_call(
-    model: ModelServer, employees: None, repository: Path
+    role_model: ModelServer, employees: None, repository: Path
 ) -> None:
     Employee.objects.filter(username=LEADER).update(
         system_prompt='${include("docs/SOUL.md")} Lead.'
@@ -149,7 +140,7 @@ def test_an_include_of_a_missing_file_fails_before_any_model_call(
     pattern = approval_pattern("missing", repository_root=str(repository), base_ref="main")
     run = trigger(pattern, "missing")
     assert drive_production(run.id) == RunStatus.FAILED
-    assert model.bodies == []
+    assert role_model.bodies == []
     failed = LoopRun.objects.get(pk=run.id)
     assert 'include("docs/SOUL.md")' in failed.failure_reason, failed.failure_reason
     assert "no such file" in failed.failure_reason

@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -40,7 +40,6 @@ from tests.support.approvals import (
     VERIFIER,
     InlineDriver,
     approval_pattern,
-    http_reply,
     pending_approvals,
     role_of,
 )
@@ -58,17 +57,9 @@ MAX_CHARS = 200
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        server.always(http_reply)
-        yield server
-    server.check()
-
-
-@pytest.fixture
-def pattern(model: ModelServer) -> LoopPattern:
+def pattern(role_model: ModelServer) -> LoopPattern:
     endpoint = model_endpoint_create(
-        name="memory-loopback", provider="openai", base_url=model.url, model="memory-script",
+        name="memory-loopback", provider="openai", base_url=role_model.url, model="memory-script",
         max_retries=0, timeout_seconds=60,
     )  # fmt: skip
     employee_create(username=LEADER, endpoint=endpoint, tools=["read", "list"])
@@ -99,10 +90,10 @@ def trigger(pattern: LoopPattern, label: str, *rounds: list[Any]) -> LoopRun:
     return run_trigger(pattern=pattern, actor=PERSON, inputs=inputs)
 
 
-def maker_memory_blocks(model: ModelServer, label: str) -> list[str]:
+def maker_memory_blocks(role_model: ModelServer, label: str) -> list[str]:
     """The memory block of each system prompt the maker of run ``label`` sent ("" for none)."""
     blocks = []
-    for body in model.bodies:
+    for body in role_model.bodies:
         messages = body["messages"]
         if role_of(messages) != "maker" or f"Approvals test {label}" not in json.dumps(messages):
             continue
@@ -116,7 +107,7 @@ def maker_memory_blocks(model: ModelServer, label: str) -> list[str]:
 
 
 def test_a_saved_memory_reaches_the_next_run_within_budget_until_deleted(
-    model: ModelServer,
+    role_model: ModelServer,
     pattern: LoopPattern,
     api_client_for: Callable[[str], APIClient],
     client_as: ClientAs,
@@ -138,26 +129,26 @@ def test_a_saved_memory_reaches_the_next_run_within_budget_until_deleted(
     assert (saved.scope, saved.username, saved.employee, saved.source_run) == (
         "agent_user", PERSON, MAKER, first.id,
     )  # fmt: skip
-    assert set(maker_memory_blocks(model, "first")) == {
+    assert set(maker_memory_blocks(role_model, "first")) == {
         f"{BLOCK_OPEN}\n- [agent_user] Alice prefers vim\n{BLOCK_CLOSE}"
     }
 
     # Run 2, same employee and person: the new fact is given, and (maxItems 1) nothing else.
     second = trigger(pattern, "second")
     assert drive(second.id) == RunStatus.SUCCEEDED
-    [block] = set(maker_memory_blocks(model, "second"))
+    [block] = set(maker_memory_blocks(role_model, "second"))
     assert block == f"{BLOCK_OPEN}\n- [agent_user] {FACT}\n{BLOCK_CLOSE}"
     assert len(block) <= MAX_CHARS
     injected = MemoryUse.objects.filter(kind="injected", item=saved)
     assert [(u.run_id, u.invocation) for u in injected] == [(second.id, "maker:0")]
     # The leader and verifier are other employees: they are not given the maker's memory.
-    assert all(BLOCK_OPEN not in str(b["messages"][0]["content"]) for b in model.bodies
+    assert all(BLOCK_OPEN not in str(b["messages"][0]["content"]) for b in role_model.bodies
                if role_of(b["messages"]) != "maker")  # fmt: skip
 
     # Someone else's run of the same pattern does not get Alice's memory.
     other = run_trigger(pattern=pattern, actor="bob", inputs={"label": "bob", "rounds": []})
     assert drive(other.id) == RunStatus.SUCCEEDED
-    assert set(maker_memory_blocks(model, "bob")) == {""}
+    assert set(maker_memory_blocks(role_model, "bob")) == {""}
 
     # An operator deletes it in the Memory Inspector; the next run is given the older item.
     inspector = client_as("operator")
@@ -169,7 +160,7 @@ def test_a_saved_memory_reaches_the_next_run_within_budget_until_deleted(
     assert not MemoryItem.objects.filter(pk=saved.pk).exists()
     third = trigger(pattern, "third")
     assert drive(third.id) == RunStatus.SUCCEEDED
-    assert set(maker_memory_blocks(model, "third")) == {
+    assert set(maker_memory_blocks(role_model, "third")) == {
         f"{BLOCK_OPEN}\n- [agent_user] Alice prefers vim\n{BLOCK_CLOSE}"
     }
     assert MemoryUse.objects.filter(kind="injected", item=older, run_id=third.id).exists()

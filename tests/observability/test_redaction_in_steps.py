@@ -6,7 +6,6 @@ reads it and repeats it in its answer. The production invoker, a model over loop
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from tests.support.approvals import (
     VERIFIER,
     approval_pattern,
     drive_production,
-    http_reply,
 )
 from tests.support.model_server import ModelServer
 from tests.support.repos import committed_repository
@@ -36,14 +34,6 @@ PLANTED = "AKIAIOSFODNN7EXAMPLE"
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        server.always(http_reply)
-        yield server
-    server.check()
-
-
-@pytest.fixture
 def repository(tmp_path: Path) -> Path:
     return committed_repository(
         tmp_path / "repo", {"notes.txt": f"deploy key {PLANTED} (rotate monthly)\n"}
@@ -51,10 +41,10 @@ def repository(tmp_path: Path) -> Path:
 
 
 def test_a_planted_secret_is_masked_in_everything_the_run_keeps(
-    model: ModelServer, repository: Path
+    role_model: ModelServer, repository: Path
 ) -> None:
     endpoint = model_endpoint_create(
-        name="redact-loopback", provider="openai", base_url=model.url, model="redact-script",
+        name="redact-loopback", provider="openai", base_url=role_model.url, model="redact-script",
         max_retries=0, timeout_seconds=60,
     )  # fmt: skip
     for username in (LEADER, MAKER, VERIFIER):
@@ -69,7 +59,7 @@ def test_a_planted_secret_is_masked_in_everything_the_run_keeps(
     run = run_trigger(pattern=pattern, actor="alice", inputs=inputs)
     assert drive_production(run.id) == RunStatus.SUCCEEDED
 
-    assert any(PLANTED in json.dumps(body) for body in model.bodies)  # the model was given it
+    assert any(PLANTED in json.dumps(body) for body in role_model.bodies)  # the model was given it
     maker_steps = LoopStep.objects.filter(run=run, invocation__startswith="maker")
     kept = json.dumps(
         [[s.request, s.response, s.error] for s in maker_steps]
