@@ -203,8 +203,9 @@ def test_a_run_cancelled_while_the_agent_waits_for_an_answer_cancels_the_remote_
     wait_for(lambda: call.task_id in log.ended, timeout=WAIT, interval=0.2,
              message=log_tails(workers))  # fmt: skip
     assert log.ended == {call.task_id: "canceled"} and log.texts() == ["ask"]
-    call.refresh_from_db()
-    assert call.state == "canceled"
+    # The worker records the state once the agent has answered the cancel (after its log).
+    wait_for(lambda: A2ACall.objects.get(pk=call.pk).state == "canceled", timeout=WAIT,
+             interval=0.2, message=log_tails(workers))  # fmt: skip
 
 
 def test_cancelling_the_run_cancels_the_remote_task(
