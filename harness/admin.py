@@ -28,13 +28,13 @@ def _check_settings(form: forms.ModelForm[Any]) -> None:
         form.add_error("settings", f"{problem['pointer'] or '/'}: {problem['detail']}")
 
 
-def _without_bulk_delete(actions: dict[str, Any]) -> dict[str, Any]:
-    # Bulk deletion would bypass the per-object rules below (seeded profiles, published rows).
+def without_bulk_delete(actions: dict[str, Any]) -> dict[str, Any]:
+    # Bulk deletion would bypass the per-object rules (seeded profiles, uses, published rows).
     actions.pop("delete_selected", None)
     return actions
 
 
-def _adopt(obj: Any, saved: Any) -> None:
+def adopt(obj: Any, saved: Any) -> None:
     """Point the admin's unsaved object at the row the service wrote (for redirects and logs)."""
     obj.pk = saved.pk
     obj._state.adding = False
@@ -95,7 +95,7 @@ class HarnessProfileAdmin(admin.ModelAdmin[HarnessProfile]):
         return ["tag"] if obj is not None else []
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return _without_bulk_delete(super().get_actions(request))
+        return without_bulk_delete(super().get_actions(request))
 
     def has_delete_permission(
         self, request: HttpRequest, obj: HarnessProfile | None = None
@@ -116,7 +116,7 @@ class HarnessProfileAdmin(admin.ModelAdmin[HarnessProfile]):
             settings=form.cleaned_data["settings"],
             created_by=request.user.get_username(),
         )
-        _adopt(obj, created)
+        adopt(obj, created)
 
     def delete_model(self, request: HttpRequest, obj: HarnessProfile) -> None:
         profile_delete(tag=obj.tag)
@@ -133,14 +133,12 @@ class VersionForm(forms.ModelForm[HarnessProfileVersion]):
         return cleaned
 
 
-@admin.register(HarnessProfileVersion)
-class HarnessProfileVersionAdmin(admin.ModelAdmin[HarnessProfileVersion]):
-    """Adding a version saves a draft (into the open one, if any); only drafts can be edited."""
+class PublishedVersionAdmin(admin.ModelAdmin[Any]):
+    """The admin of a :class:`~harness.models.VersionRow`: a published row is read-only
+    and cannot be deleted; a draft's ``owner_field`` is fixed; no bulk delete."""
 
-    form = VersionForm
-    list_display = ("profile", "version", "status", "created_by", "created_at", "published_at")
-    list_filter = ("status", "profile")
-    actions = ["publish_drafts"]
+    owner_field = "profile"
+    content_fields: tuple[str, ...] = ("settings", "note")
     _always_readonly = (
         "version",
         "status",
@@ -155,11 +153,11 @@ class HarnessProfileVersionAdmin(admin.ModelAdmin[HarnessProfileVersion]):
         if obj is None:
             return ()
         if obj.is_published:
-            return ("profile", "settings", "note", *self._always_readonly)
-        return ("profile", *self._always_readonly)
+            return (self.owner_field, *self.content_fields, *self._always_readonly)
+        return (self.owner_field, *self._always_readonly)
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return _without_bulk_delete(super().get_actions(request))
+        return without_bulk_delete(super().get_actions(request))
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None and obj.is_published:
@@ -171,6 +169,16 @@ class HarnessProfileVersionAdmin(admin.ModelAdmin[HarnessProfileVersion]):
             return False
         return super().has_delete_permission(request, obj)
 
+
+@admin.register(HarnessProfileVersion)
+class HarnessProfileVersionAdmin(PublishedVersionAdmin):
+    """Adding a version saves a draft (into the open one, if any); only drafts can be edited."""
+
+    form = VersionForm
+    list_display = ("profile", "version", "status", "created_by", "created_at", "published_at")
+    list_filter = ("status", "profile")
+    actions = ["publish_drafts"]
+
     def save_model(
         self, request: HttpRequest, obj: HarnessProfileVersion, form: Any, change: bool
     ) -> None:
@@ -180,7 +188,7 @@ class HarnessProfileVersionAdmin(admin.ModelAdmin[HarnessProfileVersion]):
             note=form.cleaned_data.get("note", ""),
             created_by=request.user.get_username(),
         )
-        _adopt(obj, saved)
+        adopt(obj, saved)
 
     @admin.action(description="Publish selected drafts")
     def publish_drafts(

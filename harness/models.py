@@ -25,6 +25,44 @@ class PublishedVersionImmutable(Conflict):
     """A write to a published version: published policy never changes."""
 
 
+class VersionRow(models.Model):
+    """A version row that no write touches once it is stored as published: ``save`` and
+    ``delete`` refuse (409), whoever calls them. ``status`` and ``version`` are the subclass's
+    fields; ``owner_noun`` names what it is a version of in the refusal."""
+
+    owner_noun = "profile"
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self._stored_as_published():
+            raise PublishedVersionImmutable(
+                f"version {self.version} of this {self.owner_noun} is published and cannot be "  # type: ignore[attr-defined]
+                "changed; save a draft instead."
+            )
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        if self._stored_as_published():
+            raise PublishedVersionImmutable(
+                f"version {self.version} of this {self.owner_noun} is published and cannot be "  # type: ignore[attr-defined]
+                "deleted."
+            )
+        return super().delete(*args, **kwargs)
+
+    @property
+    def is_published(self) -> bool:
+        return bool(self.status == VersionStatus.PUBLISHED)  # type: ignore[attr-defined]
+
+    def _stored_as_published(self) -> bool:
+        # Asks the database, not this instance: the row may have been published since it loaded.
+        if self._state.adding or self.pk is None:
+            return False
+        rows = type(self)._default_manager.filter(pk=self.pk)
+        return rows.filter(status=VersionStatus.PUBLISHED).exists()  # type: ignore[misc]
+
+
 class HarnessProfile(models.Model):
     """A policy bundle addressed by a unique tag; ``current_version`` is its published head."""
 
@@ -48,7 +86,7 @@ class HarnessProfile(models.Model):
         return self.tag
 
 
-class HarnessProfileVersion(models.Model):
+class HarnessProfileVersion(VersionRow):
     """One version of a profile's settings (a :class:`harness.schema.HarnessLayer` as JSON)."""
 
     profile = models.ForeignKey(HarnessProfile, on_delete=models.CASCADE, related_name="versions")
@@ -89,30 +127,3 @@ class HarnessProfileVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.profile_id}@{self.version} ({self.status})"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self._stored_as_published():
-            raise PublishedVersionImmutable(
-                f"version {self.version} of this profile is published and cannot be changed; "
-                "save a draft instead."
-            )
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        if self._stored_as_published():
-            raise PublishedVersionImmutable(
-                f"version {self.version} of this profile is published and cannot be deleted."
-            )
-        return super().delete(*args, **kwargs)
-
-    @property
-    def is_published(self) -> bool:
-        return self.status == VersionStatus.PUBLISHED
-
-    def _stored_as_published(self) -> bool:
-        # Asks the database, not this instance: the row may have been published since it loaded.
-        if self._state.adding or self.pk is None:
-            return False
-        return (
-            type(self)._default_manager.filter(pk=self.pk, status=VersionStatus.PUBLISHED).exists()
-        )

@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from harness.admin import PublishedVersionAdmin, adopt, without_bulk_delete
 from instructions.models import (
     MAX_INSTRUCTION_CHARS,
     Instruction,
@@ -26,18 +27,6 @@ from instructions.services import (
 )
 from instructions.usage import instruction_usages
 from orchestrator.errors import DomainError
-
-
-def _without_bulk_delete(actions: dict[str, Any]) -> dict[str, Any]:
-    # Bulk deletion would bypass the per-object rules below (uses, published rows).
-    actions.pop("delete_selected", None)
-    return actions
-
-
-def _adopt(obj: Any, saved: Any) -> None:
-    """Point the admin's unsaved object at the row the service wrote (for redirects and logs)."""
-    obj.pk = saved.pk
-    obj._state.adding = False
 
 
 class InstructionCreateForm(forms.ModelForm[Instruction]):
@@ -96,7 +85,7 @@ class InstructionAdmin(admin.ModelAdmin[Instruction]):
         return ["name"] if obj is not None else []
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return _without_bulk_delete(super().get_actions(request))
+        return without_bulk_delete(super().get_actions(request))
 
     def has_delete_permission(self, request: HttpRequest, obj: Instruction | None = None) -> bool:
         if obj is not None and instruction_usages(obj.name):
@@ -113,7 +102,7 @@ class InstructionAdmin(admin.ModelAdmin[Instruction]):
             text=form.cleaned_data.get("text") or None,
             created_by=request.user.get_username(),
         )
-        _adopt(obj, created)
+        adopt(obj, created)
 
     def delete_model(self, request: HttpRequest, obj: Instruction) -> None:
         instruction_delete(name=obj.name)
@@ -130,42 +119,15 @@ class InstructionVersionForm(forms.ModelForm[InstructionVersion]):
 
 
 @admin.register(InstructionVersion)
-class InstructionVersionAdmin(admin.ModelAdmin[InstructionVersion]):
+class InstructionVersionAdmin(PublishedVersionAdmin):
     """Adding a version saves a draft (into the open one, if any); only drafts can be edited."""
 
     form = InstructionVersionForm
     list_display = ("instruction", "version", "status", "created_by", "created_at", "published_at")
     list_filter = ("status", "instruction")
     actions = ["publish_drafts"]
-    _always_readonly = (
-        "version",
-        "status",
-        "created_by",
-        "created_at",
-        "updated_at",
-        "published_by",
-        "published_at",
-    )
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is None:
-            return ()
-        if obj.is_published:
-            return ("instruction", "text", "note", *self._always_readonly)
-        return ("instruction", *self._always_readonly)
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return _without_bulk_delete(super().get_actions(request))
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None and obj.is_published:
-            return False
-        return super().has_change_permission(request, obj)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None and obj.is_published:
-            return False
-        return super().has_delete_permission(request, obj)
+    owner_field = "instruction"
+    content_fields = ("text", "note")
 
     def save_model(
         self, request: HttpRequest, obj: InstructionVersion, form: Any, change: bool
@@ -176,7 +138,7 @@ class InstructionVersionAdmin(admin.ModelAdmin[InstructionVersion]):
             note=form.cleaned_data.get("note", ""),
             created_by=request.user.get_username(),
         )
-        _adopt(obj, saved)
+        adopt(obj, saved)
 
     @admin.action(description="Publish selected drafts")
     def publish_drafts(self, request: HttpRequest, queryset: QuerySet[InstructionVersion]) -> None:

@@ -9,13 +9,11 @@ may have used never changes under it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from harness.models import PublishedVersionImmutable, VersionStatus
+from harness.models import VersionRow, VersionStatus
 from runtime.prompt_template import INSTRUCTION_NAME
 
 #: The longest instruction text (characters); the services refuse longer ones with a 400.
@@ -49,8 +47,10 @@ class Instruction(models.Model):
         return self.name
 
 
-class InstructionVersion(models.Model):
+class InstructionVersion(VersionRow):
     """One version of an instruction's text; a published one never changes."""
+
+    owner_noun = "instruction"
 
     instruction = models.ForeignKey(Instruction, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveIntegerField()
@@ -94,30 +94,3 @@ class InstructionVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instruction_id}@{self.version} ({self.status})"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self._stored_as_published():
-            raise PublishedVersionImmutable(
-                f"version {self.version} of this instruction is published and cannot be changed; "
-                "save a draft instead."
-            )
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        if self._stored_as_published():
-            raise PublishedVersionImmutable(
-                f"version {self.version} of this instruction is published and cannot be deleted."
-            )
-        return super().delete(*args, **kwargs)
-
-    @property
-    def is_published(self) -> bool:
-        return self.status == VersionStatus.PUBLISHED
-
-    def _stored_as_published(self) -> bool:
-        # Asks the database, not this instance: the row may have been published since it loaded.
-        if self._state.adding or self.pk is None:
-            return False
-        return (
-            type(self)._default_manager.filter(pk=self.pk, status=VersionStatus.PUBLISHED).exists()
-        )
