@@ -18,6 +18,7 @@ from frontend.views import (
     runs,
     skills,
 )
+from frontend.views import gateway as gateway_pages
 from frontend.views import instructions as instruction_pages
 from frontend.views import knowledge as knowledge_pages
 
@@ -94,6 +95,12 @@ urlpatterns = [
         name="employee-grant-remove",
     ),
     path("endpoints/<slug:name>", agents.endpoint_detail, name="endpoint"),
+    path("gateway", gateway_pages.gateway_settings, name="gateway"),
+    path(
+        "gateway/aliases/<slug:name>/delete",
+        gateway_pages.gateway_alias_delete,
+        name="gateway-alias-delete",
+    ),
     # Skills
     path("a2a-agents", a2a_agents.a2a_agent_list, name="a2a-agents"),
     path("a2a-agents/<slug:name>", a2a_agents.a2a_agent_detail, name="a2a-agent"),

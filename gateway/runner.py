@@ -133,7 +133,9 @@ class Chat:
         keys of the employee's endpoint chain."""
         prepared = self.prepared
         secrets = prepared.profile.secrets
-        invoker = employee_tool_loop(prepared.profile, _registry())
+        invoker = employee_tool_loop(
+            prepared.profile, _registry(), route=prepared.profile.route(role="chat")
+        )
         _pooled()
 
         async def observed(event: ChatEvent) -> None:

@@ -464,6 +464,7 @@ async def chat_complete(
         preset_messages=invoker.preset_messages,
         vision=invoker.vision,
         endpoint_name=invoker.endpoint_name,
+        route_label=invoker.route_label,
     )
 
     def add_usage(tokens_in: int, tokens_out: int, cost: float) -> None:

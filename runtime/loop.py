@@ -151,6 +151,7 @@ class ToolLoopInvoker(NothingToPrepare):
         preset_messages: Sequence[Message] = (),
         vision: bool = False,
         endpoint_name: str = "",
+        route_label: str = "",
     ) -> None:
         self.model_clients = model_clients
         self.tools = tools
@@ -163,6 +164,7 @@ class ToolLoopInvoker(NothingToPrepare):
         #: Whether the model (endpoint ``endpoint_name``) accepts image content parts.
         self.vision = vision
         self.endpoint_name = endpoint_name
+        self.route_label = route_label  # a model alias's rule, recorded on each model step
 
     def invocation_of(self, request: InvocationRequest) -> Invocation:
         """Who the calls of ``request`` are made by, as every call's ``ToolContext`` carries it."""
@@ -210,21 +212,8 @@ class ToolLoopInvoker(NothingToPrepare):
             )
 
 
-def tool_invocation(request: InvocationRequest, bound_tools: Collection[str] = ()) -> Invocation:
-    """The :class:`Invocation` a tool call of ``request`` carries: the run, role, employee, the
-    role's harness settings and the pattern's autoAllowlist, all from the request itself."""
-    return Invocation(
-        run_id=request.run_id,
-        role=str(request.role),
-        name=request.invocation,
-        employee=request.employee_username,
-        harness=(request.harness or {}).get("settings"),
-        harness_provenance=(request.harness or {}).get("provenance"),
-        bound_tools=frozenset(bound_tools),
-        auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
-        user=request.user,
-        instructions=request.instructions,
-    )
+#: The :class:`Invocation` a tool call of a request carries (``Invocation.of_request``).
+tool_invocation = Invocation.of_request
 
 
 class _Invocation:
@@ -446,6 +435,8 @@ class _Invocation:
             # The prompt as sent, so a resume (even after the employee's prompt changed)
             # continues the same conversation.
             request["prompt"] = conversation.prompt
+        if self.owner.route_label:
+            request["route"] = self.owner.route_label
         if compaction.changed:
             request["compaction"] = compaction.summary()
         response_record = {

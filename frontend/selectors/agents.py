@@ -16,7 +16,9 @@ def employees() -> list[Employee]:
 
 
 def employee_detail(username: str) -> Employee:
-    found = Employee.objects.select_related("endpoint").filter(username=username).first()
+    found = (
+        Employee.objects.select_related("endpoint", "model_alias").filter(username=username).first()
+    )
     if found is None:
         raise Http404(f"There is no employee {username!r}.")
     return found

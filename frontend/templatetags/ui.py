@@ -267,6 +267,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "policies": ("/policies",),
         "instructions": ("/instructions",),
         "employees": ("/employees", "/endpoints"),
+        "gateway": ("/gateway",),
         "approvals": ("/approvals",),
         "skills": ("/skills",),
         "connectors": ("/connectors",),

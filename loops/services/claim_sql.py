@@ -58,6 +58,8 @@ JSON_COLUMNS = frozenset(
 
 #: The key of :func:`claimed_columns` under which the texts of the run's limits are.
 LIMIT_TEXTS = "limit_texts"
+#: The key of the run's pattern.
+PATTERN_KEY = "pattern_key"
 
 #: Takes no path locks and has (or gets with a mkdir) its workspace.
 _READY = (
@@ -68,7 +70,7 @@ _READY = (
 
 _CLAIM = f"""
 WITH picked AS (
-    SELECT r.id, r.status, p.policy AS pattern_policy,
+    SELECT r.id, r.status, p.policy AS pattern_policy, p.key AS pattern_key,
            {_READY} AND COALESCE(r.wait->>'kind', '') <> 'lock' AS ready,
            r.wait <> '{{{{}}}}'::jsonb AS quiet
     FROM loops_looprun r JOIN loops_looppattern p ON p.id = r.pattern_id
@@ -100,7 +102,7 @@ taken AS (
     FROM picked WHERE r.id = picked.id
     RETURNING r.id, picked.status AS previous, r.status, r.lease_token, r.event_seq,
               r.attempts, {", ".join(f"r.{c}" for c in RUN_COLUMNS)},
-              r.pattern_id, picked.pattern_policy, picked.quiet
+              r.pattern_id, picked.pattern_policy, picked.pattern_key, picked.quiet
 ),
 claimed AS (
     INSERT INTO loops_loopevent (run_id, seq, type, from_status, to_status, actor, data,
@@ -118,7 +120,7 @@ started AS (
     FROM taken WHERE status <> 'preparing' AND NOT quiet
 )
 SELECT id, previous, status, lease_token, attempts, {", ".join(RUN_COLUMNS)},
-       pattern_id, pattern_policy
+       pattern_id, pattern_policy, pattern_key
 FROM taken ORDER BY id
 """
 
@@ -147,7 +149,7 @@ def claimed_columns(row: tuple[Any, ...]) -> dict[str, Any]:
     snapshot and the pattern's policy as the database renders them, for their fingerprint)."""
     end = 5 + len(RUN_COLUMNS)
     values = dict(zip(RUN_COLUMNS, row[5:end], strict=True))
-    pattern_id, pattern_policy = row[end:]
+    pattern_id, pattern_policy, values[PATTERN_KEY] = row[end:]
     values[LIMIT_TEXTS] = (pattern_id, values["policy_snapshot"], pattern_policy)
     for name in JSON_COLUMNS:
         if isinstance(values[name], str):

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from loops.models import LoopArtifact, LoopRun, RunStatus
@@ -96,6 +97,8 @@ class RunState:
     triggered_by: str = ""
     #: The instruction versions the run pinned (``LoopRun.instruction_versions``).
     instruction_versions: dict[str, int] = field(default_factory=dict)
+    #: The key of the run's pattern (model alias rules match on it).
+    pattern_key: str = ""
 
 
 def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> RunState:
@@ -117,11 +120,12 @@ def run_state_of(run_id: uuid.UUID, status: str, columns: dict[str, Any]) -> Run
         triggered_by=columns["triggered_by"],
         instruction_versions=dict(columns["instruction_versions"] or {}),
         limits=budget_rules.limits_from_row(run_id, pattern_id, snapshot, pattern_policy),
+        pattern_key=columns[claim_sql.PATTERN_KEY],
     )
 
 
 def load_run_state(run_id: uuid.UUID) -> RunState:
-    run = LoopRun.objects.get(pk=run_id)
+    run = LoopRun.objects.annotate(pattern_key=F("pattern__key")).get(pk=run_id)
     return RunState(
         id=run.id,
         status=run.status,
@@ -137,6 +141,7 @@ def load_run_state(run_id: uuid.UUID) -> RunState:
         trace_id=run.trace_id,
         triggered_by=run.triggered_by,
         instruction_versions=dict(run.instruction_versions or {}),
+        pattern_key=run.pattern_key,
     )
 
 
@@ -497,6 +502,7 @@ def _context_for(run: RunState, role: LoopRole) -> dict[str, Any]:
         "maker_outputs": run.cursor.get("maker_outputs", []),
         "autonomy_level": run.autonomy_level,
         "auto_allowlist": (run.policy.get("approvals") or {}).get("autoAllowlist", []),
+        "pattern": run.pattern_key,
     }
     if role == LoopRole.LEADER:
         context.update(response_format="json_schema", response_schema=PLAN_SCHEMA)

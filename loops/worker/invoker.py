@@ -85,11 +85,14 @@ class AgentInvoker:
                 kind=OutcomeKind.FAILED, code="unknown_employee", reason=profile.detail
             )
         policy = role_tool_policy(request, employee_specs(profile, self.tools))
-        client = profile.client
+        route = profile.route(role=request.role.value, pattern=request.context.get("pattern", ""))
+        client = route.client
         if profile.loop_settings.stream:
             # The streamed text of each model step is shown live on the run page.
             client = LiveTextClient(cast(StreamingClient, client), request)
-        loop = employee_tool_loop(profile, self.tools, client=client, policy=lambda _r: policy)
+        loop = employee_tool_loop(
+            profile, self.tools, route=route, client=client, policy=lambda _r: policy
+        )
         if profile.quota is not None and profile.quota.binds:
             journal = QuotaJournal(journal, profile.quota)
         patterns = redact_patterns((request.harness or {}).get("settings"))

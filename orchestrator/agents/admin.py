@@ -3,7 +3,13 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db import models
 
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, SubAgentBinding
+from orchestrator.agents.models import (
+    Employee,
+    FailoverRoute,
+    ModelAlias,
+    ModelEndpoint,
+    SubAgentBinding,
+)
 from runtime.secrets import api_key_configured
 
 
@@ -68,6 +74,16 @@ class SubAgentBindingAdmin(admin.ModelAdmin[SubAgentBinding]):
     readonly_fields = ("created_at",)
 
 
+@admin.register(ModelAlias)
+class ModelAliasAdmin(admin.ModelAdmin[ModelAlias]):
+    """Rules as JSON (docs/model-routing.md); the model's ``clean`` checks them and their
+    targets."""
+
+    list_display = ("name", "description", "updated_at", "updated_by")
+    search_fields = ("name", "description")
+    readonly_fields = ("created_at", "updated_at", "updated_by")
+
+
 @admin.register(Employee)
 class EmployeeAdmin(admin.ModelAdmin[Employee]):
     list_display = ("username", "display_name", "endpoint", "max_steps", "harness_tag", "streaming")
@@ -83,6 +99,7 @@ class EmployeeAdmin(admin.ModelAdmin[Employee]):
                     "username",
                     "display_name",
                     "endpoint",
+                    "model_alias",
                     "system_prompt",
                     "preset_messages",
                     "params",

@@ -1,5 +1,5 @@
-"""REST API: ``/api/v1/model-endpoints[/{name}]``, ``/api/v1/employees[/{username}]`` and
-``/api/v1/employees/{username}/sub-agents[/{child}]``.
+"""REST API: ``/api/v1/model-endpoints[/{name}]``, ``/api/v1/model-aliases[/{name}]``,
+``/api/v1/employees[/{username}]`` and ``/api/v1/employees/{username}/sub-agents[/{child}]``.
 
 Reads need any role; writes need an operator (or admin). The views validate input with the
 serializers and hand every write to :mod:`orchestrator.agents.services`.
@@ -16,11 +16,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orchestrator.accounts.permissions import ReadOrOperator
-from orchestrator.agents import services
+from orchestrator.agents import aliases, services
 from orchestrator.agents.clients import employee_get
-from orchestrator.agents.models import Employee, FailoverRoute, ModelEndpoint, SubAgentBinding
+from orchestrator.agents.models import (
+    Employee,
+    FailoverRoute,
+    ModelAlias,
+    ModelEndpoint,
+    SubAgentBinding,
+)
 from orchestrator.agents.serializers import (
     EmployeeSerializer,
+    ModelAliasSerializer,
     ModelEndpointSerializer,
     SubAgentBindingSerializer,
 )
@@ -84,6 +91,44 @@ class ModelEndpointViewSet(viewsets.ModelViewSet[ModelEndpoint]):
 
 
 @extend_schema_view(
+    list=extend_schema(summary="List model aliases"),
+    retrieve=extend_schema(summary="Get a model alias"),
+    create=extend_schema(summary="Create a model alias"),
+    update=extend_schema(summary="Replace a model alias"),
+    partial_update=extend_schema(summary="Change a model alias"),
+    destroy=extend_schema(summary="Delete a model alias no employee uses"),
+)
+class ModelAliasViewSet(viewsets.ModelViewSet[ModelAlias]):
+    """Model aliases: rules routing an employee's calls to endpoints by pattern, role, cost
+    ceiling and health (docs/model-routing.md)."""
+
+    serializer_class = ModelAliasSerializer
+    permission_classes = [ReadOrOperator]
+    lookup_field = "name"
+    lookup_value_regex = SLUG
+
+    def get_queryset(self) -> QuerySet[ModelAlias]:
+        return ModelAlias.objects.prefetch_related("employees")
+
+    def perform_create(self, serializer: serializers.BaseSerializer[ModelAlias]) -> None:
+        serializer.instance = aliases.alias_create(
+            actor=self.request.user.get_username(), **serializer.validated_data
+        )
+
+    def perform_update(self, serializer: serializers.BaseSerializer[ModelAlias]) -> None:
+        assert serializer.instance is not None
+        alias = aliases.alias_update(
+            alias=serializer.instance,
+            actor=self.request.user.get_username(),
+            **serializer.validated_data,
+        )
+        serializer.instance = self.get_queryset().get(pk=alias.pk)
+
+    def perform_destroy(self, instance: ModelAlias) -> None:
+        aliases.alias_delete(alias=instance)
+
+
+@extend_schema_view(
     list=extend_schema(summary="List AI employees"),
     retrieve=extend_schema(summary="Get an AI employee"),
     create=extend_schema(summary="Create an AI employee"),
@@ -101,7 +146,7 @@ class EmployeeViewSet(viewsets.ModelViewSet[Employee]):
     filterset_fields = ["endpoint__name", "streaming"]
 
     def get_queryset(self) -> QuerySet[Employee]:
-        return Employee.objects.select_related("endpoint")
+        return Employee.objects.select_related("endpoint", "model_alias")
 
     def perform_create(self, serializer: serializers.BaseSerializer[Employee]) -> None:
         serializer.instance = services.employee_create(**serializer.validated_data)

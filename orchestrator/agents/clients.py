@@ -122,16 +122,27 @@ def breaker_offloaded(offload: Offload) -> CircuitBreaker:
     return CircuitBreaker(DatabaseBreakerStore(offload), closed_cache_seconds=CLOSED_CACHE_SECONDS)
 
 
+def route_target_config(endpoint: ModelEndpoint, employee: Employee) -> EndpointConfig:
+    """An alias rule's target as one hop: its own model and parameters under the employee's
+    (its own failover routes are not followed: the rule's targets are the chain)."""
+    params = ModelParams.model_validate(endpoint.params).merged(
+        ModelParams.model_validate(employee.params)
+    )
+    return _single_config(endpoint, model=endpoint.model, params=params)
+
+
 def model_client_for_employee(
     employee: Employee,
     *,
     on_text: TextCallback | None = None,
     breaker: CircuitBreaker | None = None,
+    config: EndpointConfig | None = None,
     **options: Any,
 ) -> ModelClient:
-    """A fresh client for one invocation of ``employee`` (reads the ORM; call it sync)."""
+    """A fresh client for ``employee`` with its streaming settings, over its endpoint chain or
+    ``config`` (an alias route's); reads the ORM, call it sync."""
     return client_for_endpoint(
-        employee_endpoint_config(employee),
+        config or employee_endpoint_config(employee),
         breaker=breaker or breaker_default(),
         stream_mode=stream_mode_of(employee),
         stream_retry_mode="full" if employee.stream_retry_mode == "full" else "off",

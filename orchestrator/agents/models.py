@@ -21,6 +21,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from harness.schema import SettingsInvalid, layer_validate
 from harness.services import harness_tag_exists
+from orchestrator.agents.routing import alias_rule_problems, parse_rules, rule_targets
 from orchestrator.guard import endpoint_problems
 from runtime.model_config import ModelParams
 from runtime.scripted import load_script
@@ -233,6 +234,51 @@ class FailoverRoute(models.Model):
             raise ValidationError({"target": "Failover targets must be HTTP endpoints."})
 
 
+class ModelAlias(models.Model):
+    """A name employees route their model calls by: ordered rules choosing an endpoint chain by
+    pattern, role and cost ceiling (``routing.AliasRule``; docs/model-routing.md)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True, default="")
+    #: ``[{patterns, roles, max_price_per_million_tokens, targets}]``, first match wins.
+    rules = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model alias"
+        verbose_name_plural = "model aliases"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        problems = alias_problems(self.rules)
+        if problems:
+            raise ValidationError(
+                {"rules": [f"{'.'.join(map(str, path))}: {detail}" for path, detail in problems]}
+            )
+
+
+def alias_problems(rules: object) -> list[tuple[tuple[str | int, ...], str]]:
+    """The rules' schema problems, then every target that names no endpoint (with its path)."""
+    problems = alias_rule_problems(rules)
+    if problems or not isinstance(rules, list):
+        return problems
+    parsed = parse_rules(rules)
+    known = set(
+        ModelEndpoint.objects.filter(name__in=rule_targets(parsed)).values_list("name", flat=True)
+    )
+    return [
+        ((index, "targets", position), f"No model endpoint named {name}.")
+        for index, rule in enumerate(parsed)
+        for position, name in enumerate(rule.targets)
+        if name not in known
+    ]
+
+
 def employee_harness_problems(harness_tag: str, harness: object) -> list[dict[str, str]]:
     """Every problem of an employee's harness fields as ``{pointer, detail, code}``:
     ``/harness_tag`` when it names no published profile, ``/harness/<section>/<key>`` for the
@@ -257,6 +303,11 @@ class Employee(models.Model):
     username = models.SlugField(max_length=150, unique=True)
     display_name = models.CharField(max_length=200, blank=True, default="")
     endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="employees")
+    #: Routes the employee's model calls by the alias's rules; a call no rule matches uses
+    #: ``endpoint``. Null: always ``endpoint``.
+    model_alias = models.ForeignKey(
+        ModelAlias, null=True, blank=True, on_delete=models.PROTECT, related_name="employees"
+    )
     system_prompt = models.TextField(blank=True, default="")
     #: Overrides of the endpoint's parameters for this employee (same shape).
     params = models.JSONField(default=dict, blank=True, validators=[_validate_params])

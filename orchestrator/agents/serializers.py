@@ -21,10 +21,12 @@ from harness.serializers import HarnessLayerField
 from orchestrator.agents.models import (
     Employee,
     FailoverRoute,
+    ModelAlias,
     ModelEndpoint,
     SubAgentBinding,
     preset_message_problems,
 )
+from orchestrator.agents.routing import RULES_SCHEMA
 from orchestrator.strict import StrictModelSerializer
 from runtime import outbound
 from runtime.model_config import ModelParams
@@ -233,7 +235,18 @@ class ModelEndpointSerializer(StrictModelSerializer[ModelEndpoint]):
 
 class EmployeeSerializer(StrictModelSerializer[Employee]):
     endpoint = serializers.SlugRelatedField(
-        slug_field="name", queryset=ModelEndpoint.objects.all(), help_text="Model endpoint name."
+        slug_field="name",
+        queryset=ModelEndpoint.objects.all(),
+        help_text="Model endpoint name: every model call, or with a model alias the calls no "
+        "alias rule matches.",
+    )
+    model_alias = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=ModelAlias.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="A model alias routing this employee's calls by pattern, role and cost "
+        "ceiling (docs/model-routing.md); null: always `endpoint`.",
     )
     params = ModelParamsField(help_text="Overrides of the endpoint's parameters.")
     tools = serializers.ListField(
@@ -272,6 +285,7 @@ class EmployeeSerializer(StrictModelSerializer[Employee]):
             "username",
             "display_name",
             "endpoint",
+            "model_alias",
             "system_prompt",
             "params",
             "max_steps",
@@ -387,3 +401,36 @@ class SubAgentBindingSerializer(StrictModelSerializer[SubAgentBinding]):
         extra_kwargs = {
             "model": {"help_text": "Model name override (on the endpoint used); blank: keep."}
         }
+
+
+@extend_schema_field(_openapi(RULES_SCHEMA))
+class AliasRulesField(serializers.JSONField):
+    """An alias's rules (checked by the services, with pointers into them)."""
+
+
+class ModelAliasSerializer(StrictModelSerializer[ModelAlias]):
+    """A model alias (docs/model-routing.md)."""
+
+    rules = AliasRulesField(
+        required=False,
+        help_text="Ordered rules `{patterns, roles, max_price_per_million_tokens, targets}`: the "
+        "first that matches a call's pattern and role and has a target within its ceiling "
+        "routes it to its targets (in order: the next ones when one fails or its circuit "
+        "breaker is open). No rule matching: the employee's own endpoint.",
+    )
+    employees: serializers.SlugRelatedField[Employee] = serializers.SlugRelatedField(
+        many=True, read_only=True, slug_field="username", help_text="Employees routed by it."
+    )
+
+    class Meta:
+        model = ModelAlias
+        fields = [
+            "name",
+            "description",
+            "rules",
+            "employees",
+            "created_at",
+            "updated_at",
+            "updated_by",
+        ]
+        read_only_fields = ["created_at", "updated_at", "updated_by"]

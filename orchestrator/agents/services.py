@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import ProtectedError
 
 from harness.schema import layer_validate
+from orchestrator.agents.aliases import aliases_routing_to
 from orchestrator.agents.models import (
     Employee,
     FailoverRoute,
@@ -126,9 +127,16 @@ def model_endpoint_update(
 
 
 def model_endpoint_delete(*, endpoint: ModelEndpoint) -> None:
-    """Delete an endpoint no employee uses and no other endpoint fails over to."""
+    """Delete an endpoint no employee uses, no other endpoint fails over to and no model
+    alias routes to."""
     try:
         with transaction.atomic():
+            aliases = aliases_routing_to(endpoint.name)
+            if aliases:
+                raise Conflict(
+                    f"Model endpoint {endpoint.name} is a target of model alias(es): "
+                    f"{', '.join(aliases)}."
+                )
             endpoint.delete()
     except ProtectedError as exc:
         users = sorted({str(obj) for obj in exc.protected_objects})

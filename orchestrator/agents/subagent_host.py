@@ -183,6 +183,7 @@ class EmployeeSubAgentHost:
             context={
                 "auto_allowlist": sorted(parent.auto_allowlist),
                 "autonomy_level": scope.autonomy_level if scope else None,
+                "pattern": parent.pattern,
             },
             user=parent.user,
         )
@@ -207,7 +208,10 @@ class EmployeeSubAgentHost:
         if has_placeholders(profile.system_prompt):  # the run's pinned instructions, no inputs
             own = render_here(profile.system_prompt, pins=parent.instructions).text
             profile = dataclasses.replace(profile, system_prompt=own)
-        client = _override_client(employee, override) if override else profile.client
+        if override:
+            client = _override_client(employee, override)
+        else:
+            client = profile.route(role="sub_agent", pattern=parent.pattern).client
         return profile, child_harness(parent, profile), client
 
 

@@ -8,6 +8,7 @@ configuration (:class:`ProfileCache`); the tool plan comes from a compiled harne
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,9 +26,17 @@ from orchestrator.agents.clients import (
     employee_get,
     loop_settings_for_employee,
     model_client_for_employee,
+    route_target_config,
 )
-from orchestrator.agents.models import Employee, SubAgentBinding
+from orchestrator.agents.models import Employee, ModelEndpoint, SubAgentBinding
 from orchestrator.agents.quotas import EmployeeQuota
+from orchestrator.agents.routing import (
+    ModelRoute,
+    RouteTable,
+    RouteTarget,
+    parse_rules,
+    rule_targets,
+)
 from orchestrator.errors import NotFound
 from runtime.breaker import CircuitBreaker
 from runtime.invocation import InvocationRequest, LoopRole
@@ -70,10 +79,54 @@ class EmployeeProfile:
     vision: bool = False
     #: The employee's daily token and cost quotas (``quotas.EmployeeQuota.binds``: any set).
     quota: EmployeeQuota | None = None
+    #: The employee's model alias (docs/model-routing.md); None: every call uses ``client``.
+    routes: RouteTable | None = None
+
+    def route(self, *, role: str, pattern: str = "") -> ModelRoute:
+        """Where a call of ``role`` in a run of ``pattern`` ("" outside runs) goes: the alias
+        rule that matches it, else the employee's own endpoint chain."""
+        if self.routes is not None:
+            routed = self.routes.route(pattern=pattern, role=role)
+            if routed is not None:
+                return routed
+        return ModelRoute(
+            client=self.client,
+            endpoint_name=self.endpoint_name,
+            vision=self.vision,
+            context_window=self.loop_settings.context_window_tokens,
+        )
+
+
+def _route_table(employee: Employee, breaker: CircuitBreaker | None) -> RouteTable | None:
+    alias = employee.model_alias
+    if alias is None:
+        return None
+    rules = parse_rules(alias.rules)
+    targets = {
+        endpoint.name: RouteTarget(
+            config=route_target_config(endpoint, employee),
+            vision=endpoint.vision,
+            context_window=endpoint.context_window,
+            prices=(endpoint.input_price_per_token, endpoint.output_price_per_token),
+        )
+        for endpoint in ModelEndpoint.objects.filter(name__in=rule_targets(rules))
+    }
+    return RouteTable(
+        alias=alias.name,
+        rules=rules,
+        targets=targets,
+        build_client=lambda config: model_client_for_employee(
+            employee, breaker=breaker, config=config
+        ),
+    )
 
 
 def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProfile:
     employee: Employee = employee_get(username=username)
+    routes = _route_table(employee, breaker)
+    chains = [employee_endpoint_config(employee)]
+    if routes is not None:
+        chains += [target.config for target in routes.targets.values()]
     return EmployeeProfile(
         username=employee.username,
         system_prompt=employee.system_prompt,
@@ -81,7 +134,7 @@ def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProf
         loop_settings=loop_settings_for_employee(employee),
         client=model_client_for_employee(employee, breaker=breaker),
         secrets=secret_values(
-            [_allowed_key(c.api_key_env) for c in employee_endpoint_config(employee).chain()]
+            [_allowed_key(c.api_key_env) for chain in chains for c in chain.chain()]
         ),
         harness_tag=employee.harness_tag,
         harness_layer=dict(employee.harness or {}),
@@ -96,6 +149,7 @@ def _read_profile(username: str, breaker: CircuitBreaker | None) -> EmployeeProf
         quota=EmployeeQuota(
             employee.username, employee.daily_token_quota, employee.daily_cost_quota
         ),
+        routes=routes,
     )
 
 
@@ -119,7 +173,11 @@ PROFILE_SIGNATURE_COLUMNS = (
     "JOIN agents_modelendpoint t ON t.id = f.target_id WHERE f.source_id = ep.id), "
     "(SELECT COUNT(*) FROM agents_failoverroute f WHERE f.source_id = ep.id), "
     "(SELECT COUNT(*) FROM agents_subagentbinding b WHERE b.parent_id = e.id), "
-    "(SELECT MAX(b.created_at) FROM agents_subagentbinding b WHERE b.parent_id = e.id)"
+    "(SELECT MAX(b.created_at) FROM agents_subagentbinding b WHERE b.parent_id = e.id), "
+    # An alias: its rules, and any endpoint they may name.
+    "(SELECT a.updated_at FROM agents_modelalias a WHERE a.id = e.model_alias_id), "
+    "CASE WHEN e.model_alias_id IS NULL THEN NULL "
+    "ELSE (SELECT MAX(t.updated_at) FROM agents_modelendpoint t) END"
 )
 _SIGNATURE = (
     f"SELECT {PROFILE_SIGNATURE_COLUMNS} "  # noqa: S608 (constant text)
@@ -227,14 +285,18 @@ def employee_tool_loop(
     profile: EmployeeProfile,
     tools: ToolRegistry,
     *,
+    route: ModelRoute,
     client: ModelClient | None = None,
     policy: Callable[[InvocationRequest], ToolPolicy] | None = None,
 ) -> ToolLoopInvoker:
-    """The tool loop with the employee's model (or ``client``), prompt, limits and tools; the
-    policy is the harness plan of each request's snapshot (:func:`role_tool_policy`) unless
-    ``policy`` is given."""
+    """The tool loop with the routed model (``client`` when given: the route's, wrapped), the
+    employee's prompt, limits and tools; the policy is the harness plan of each request's
+    snapshot (:func:`role_tool_policy`) unless ``policy`` is given."""
     specs = employee_specs(profile, tools)
-    model = client or profile.client
+    model = client or route.client
+    settings = profile.loop_settings
+    if settings.context_window_tokens != route.context_window:
+        settings = dataclasses.replace(settings, context_window_tokens=route.context_window)
 
     def harness_policy(request: InvocationRequest) -> ToolPolicy:
         return role_tool_policy(request, specs)
@@ -243,12 +305,13 @@ def employee_tool_loop(
         model_clients=lambda _username: model,
         tools=tools,
         policy=policy or harness_policy,
-        settings=profile.loop_settings,
+        settings=settings,
         system_prompt=lambda request: employee_system_prompt(profile, request),
         # Carried by every call's ToolContext: skill tools check the employee's access
         # (a ``custom``-scope skill needs its tool bound) from it, not from a row.
         bound_tools=profile.tools,
         preset_messages=profile.preset_messages,
-        vision=profile.vision,
-        endpoint_name=profile.endpoint_name,
+        vision=route.vision,
+        endpoint_name=route.endpoint_name,
+        route_label=route.label,
     )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime.types import ToolSpec
+
+if TYPE_CHECKING:
+    from runtime.invocation import InvocationRequest
 
 #: What an approval appends to a call's idempotency key (``<key>:approval:<id>``).
 APPROVAL_KEY_MARK = ":approval:"
@@ -68,6 +71,28 @@ class Invocation:
     user: str = ""
     #: The instruction versions the run pinned (``InvocationRequest.instructions``).
     instructions: Mapping[str, int] = field(default_factory=dict)
+    #: The key of the run's pattern ("" outside runs): model alias rules match on it.
+    pattern: str = ""
+
+    @classmethod
+    def of_request(
+        cls, request: InvocationRequest, bound_tools: Collection[str] = ()
+    ) -> Invocation:
+        """What a tool call of ``request`` carries: the run, role, employee, the role's harness
+        settings, the pattern's key and autoAllowlist, all from the request itself."""
+        return cls(
+            run_id=request.run_id,
+            role=str(request.role),
+            name=request.invocation,
+            employee=request.employee_username,
+            harness=(request.harness or {}).get("settings"),
+            harness_provenance=(request.harness or {}).get("provenance"),
+            bound_tools=frozenset(bound_tools),
+            auto_allowlist=frozenset(request.context.get("auto_allowlist") or ()),
+            user=request.user,
+            instructions=request.instructions,
+            pattern=str(request.context.get("pattern") or ""),
+        )
 
 
 @dataclass

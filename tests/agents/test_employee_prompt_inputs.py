@@ -57,8 +57,10 @@ def make_employee(
 def tool_loop(username: str) -> ToolLoopInvoker:
     """The employee's loop as the worker and the gateway build it (no tools: no plan needed)."""
     no_tools = ToolPolicy.from_decisions({})
+    profile = ProfileCache().get(username)
+    route = profile.route(role="maker")
     return employee_tool_loop(
-        ProfileCache().get(username), ToolRegistry([]), policy=lambda _request: no_tools
+        profile, ToolRegistry([]), route=route, policy=lambda _request: no_tools
     )
 
 

@@ -90,6 +90,8 @@ RIGHTS: dict[str, dict[str, str]] = {
     # agents
     "model-endpoint-list": {**READ, "POST": OPERATOR},
     "model-endpoint-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},
+    "model-alias-list": {**READ, "POST": OPERATOR},
+    "model-alias-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},
     "employee-list": {**READ, "POST": OPERATOR},
     "employee-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},
     # Django's admin: only its login and logout are for everyone (no persona is staff)
@@ -125,6 +127,8 @@ RIGHTS: dict[str, dict[str, str]] = {
     "ui:policy-draft": {"GET": ADMIN, "POST": ADMIN},
     "ui:policy-publish": {"POST": ADMIN},
     "ui:instructions": {"GET": VIEWER, "POST": ADMIN},
+    "ui:gateway": {"GET": VIEWER, "POST": OPERATOR},
+    "ui:gateway-alias-delete": {"POST": OPERATOR},
     "ui:instruction": READ,
     "ui:instruction-draft": {"POST": ADMIN},
     "ui:instruction-publish": {"POST": ADMIN},

@@ -101,6 +101,9 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             "knowledge-access": ("/knowledge/access", {}, Role.OPERATOR),
             "knowledge-upload": ("/knowledge/x/documents", {}, Role.OPERATOR),
             "knowledge-search": ("/knowledge/x/search", {"query": "x"}, Role.OPERATOR),
+            # Model aliases: operators write, as /api/v1/model-aliases (test_gateway_pages.py).
+            "gateway": ("/gateway", {"name": "x", "rules": "[]"}, Role.OPERATOR),
+            "gateway-alias-delete": ("/gateway/aliases/x/delete", {}, Role.OPERATOR),
         }
     )
     return targets
