@@ -17,6 +17,7 @@ from django.utils import timezone
 from gateway import services
 from gateway.errors import OpenAIError, invalid_api_key, model_not_found, permission_denied
 from gateway.prepared_cache import ReuseCache, Stamp, stamp_read
+from gateway.token_quotas import TokenQuota
 from gateway.validation import CompletionRequest
 from orchestrator.accounts.services import (
     api_token_live,
@@ -101,6 +102,8 @@ class Prepared:
     request: CompletionRequest
     #: The apps' prompt blocks for this request (agent memory), read in the same trip.
     prompt_blocks: tuple[str, ...] = ()
+    #: The calling token's daily quotas and usage today, read with this request's stamp.
+    token_quota: TokenQuota | None = None
 
 
 def prepare(user: User, request: CompletionRequest) -> Prepared:
@@ -123,7 +126,8 @@ def prepare_for(authorization: str, request: CompletionRequest | OpenAIError) ->
 
     The preparation is reused while one stamp query finds nothing it was read from changed
     (:mod:`gateway.prepared_cache`); the stamp is read before a full read, so a change in
-    between only makes the next request read again."""
+    between only makes the next request read again. The token's quotas and usage come with
+    the stamp, fresh on every request."""
     split = api_token_split(_bearer(authorization))
     stamp = None
     if split is not None and isinstance(request, CompletionRequest):
@@ -137,7 +141,9 @@ def prepare_for(authorization: str, request: CompletionRequest | OpenAIError) ->
     prepared = prepare(user, request)
     if split is not None and stamp is not None:
         _PREPARED.put((split[0], request.model), stamp, prepared)
-    return prepared
+    elif split is not None:  # made between the stamp and the full read: read it now
+        stamp = stamp_read(split[0], request.model)
+    return replace(prepared, token_quota=stamp.quota if stamp else None)
 
 
 def prepare_chat(authorization: str, request: CompletionRequest | OpenAIError) -> Prepared:
@@ -157,4 +163,4 @@ def _reused(split: tuple[str, str], request: CompletionRequest, stamp: Stamp) ->
     if known is None or not api_token_live(secret, stamp, now):
         return None
     api_token_touch(stamp.token_id, stamp.last_used_at, now)
-    return replace(known, request=request)
+    return replace(known, request=request, token_quota=stamp.quota)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from orchestrator.accounts.models import ApiToken
 from orchestrator.agents.models import Employee
 
 
@@ -98,6 +99,24 @@ class ChatCompletionRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.employee_username}, {self.status})"
+
+
+class TokenUsageDay(models.Model):
+    """What one API token's chat completions used on one UTC day (:mod:`gateway.token_quotas`):
+    one row per token and day, grown by one upsert per completion."""
+
+    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE, related_name="usage_days")
+    day = models.DateField()
+    tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["token", "day"], name="gateway_token_usage_day_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"token {self.token_id} {self.day}: {self.tokens} tokens, {self.cost} cost"
 
 
 def new_completion_id() -> str:

@@ -27,8 +27,9 @@ from gateway import services, tracing
 from gateway.access import PROFILES, Prepared
 from gateway.errors import OpenAIError
 from gateway.models import new_completion_id
+from gateway.token_quotas import TokenQuotaSpent, token_quota_spent, token_usage_add
 from gateway.validation import CompletionRequest
-from orchestrator.agents.quotas import quota_charge, quota_spent
+from orchestrator.agents.quotas import QuotaSpent, quota_charge, quota_spent
 from orchestrator.agents.subagent_host import agent_tools_register
 from orchestrator.agents.wiring import (
     employee_tool_loop,
@@ -118,6 +119,8 @@ class Chat:
             trace_id=trace.trace_id,
         )
         self.agent_events: list[dict[str, Any]] = []
+        #: What the chat's model calls cost (the endpoints' prices), for the quotas.
+        self.cost = 0.0
 
     # -- running ---------------------------------------------------------------------------
 
@@ -172,6 +175,7 @@ class Chat:
         tally.prompt_tokens = result.prompt_tokens
         tally.completion_tokens = result.completion_tokens
         tally.model_steps = result.model_steps
+        self.cost = result.cost
         if result.error:  # usable text, then a failure: answered, and recorded as an error
             tally.status = "error"
             tally.error = result.error
@@ -258,14 +262,21 @@ class Chat:
         except Exception:
             logger.exception("chat completion record %s not written", self.tally.id)
         quota = self.prepared.profile.quota
-        tokens = self.tally.prompt_tokens + self.tally.completion_tokens
-        if quota is not None and quota.binds and tokens:
+        tokens, cost = self.tally.prompt_tokens + self.tally.completion_tokens, self.cost
+        if quota is not None and quota.binds and (tokens or cost):
             try:
                 await db_call(
-                    functools.partial(quota_charge, quota.username, tokens=tokens, cost=0)
+                    functools.partial(quota_charge, quota.username, tokens=tokens, cost=cost)
                 )
             except Exception:
                 logger.exception("chat completion %s: quota usage not added", self.tally.id)
+        token = self.prepared.token_quota
+        if token is not None and (tokens or cost):
+            try:
+                add = functools.partial(token_usage_add, token.token_id, tokens=tokens, cost=cost)
+                await db_call(add)
+            except Exception:
+                logger.exception("chat completion %s: token usage not added", self.tally.id)
         try:
             tracing.chat_span_export(self.trace, self.tally, duration)
         except Exception:
@@ -277,11 +288,15 @@ class Chat:
 
 async def guard_quota(chat: Chat) -> None:
     """A 429 ``quota_exceeded`` error with ``Retry-After`` (to the next UTC midnight) when the
-    employee's daily quota is used up (the request is recorded as blocked)."""
+    calling token's daily quota (read with the request, no query) or the employee's is used up
+    (the request is recorded as blocked)."""
+    token = chat.prepared.token_quota
+    spent: TokenQuotaSpent | QuotaSpent | None = None
+    if token is not None:
+        spent = token_quota_spent(token)
     quota = chat.prepared.profile.quota
-    if quota is None or not quota.binds:
-        return
-    spent = await db_call(functools.partial(quota_spent, quota))
+    if spent is None and quota is not None and quota.binds:
+        spent = await db_call(functools.partial(quota_spent, quota))
     if spent is None:
         return
     chat.failed("blocked", spent.message())

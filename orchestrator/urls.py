@@ -31,6 +31,7 @@ urlpatterns = [
     path("api/v1/", include("connectors.urls")),
     path("api/v1/", include("memory.urls")),
     path("api/v1/", include("knowledge.urls")),
+    path("api/v1/", include("orchestrator.accounts.urls")),
     # OpenAI-compatible: AI employees as models (docs/openai-endpoint.md).
     path("v1/", include("gateway.openai_urls")),
     path("", include("frontend.urls")),

@@ -92,6 +92,8 @@ class ChatResult:
     model_steps: int
     #: A partial failure: ``content`` is the usable text produced before it; this says what failed.
     error: str = ""
+    #: What the model calls cost at their endpoints' prices (sub-agents' included).
+    cost: float = 0.0
 
 
 class ChatFailed(Exception):
@@ -150,6 +152,7 @@ class _ChatJournal:
         self.model_steps: list[dict[str, Any]] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cost = 0.0
         self._running: dict[int, tuple[str, str, float]] = {}
 
     def _next(self) -> int:
@@ -212,6 +215,7 @@ class _ChatJournal:
             self.model_steps.append(dict(response) if isinstance(response, dict) else {})
             self.prompt_tokens += tokens_in
             self.completion_tokens += tokens_out
+            self.cost += cost
         elif kind == "tool":  # a call answered without running (invalid, denied, skipped)
             await self._started(seq, name, request)
             await self._finished(seq, "error" if error else "refused")
@@ -470,6 +474,7 @@ async def chat_complete(
     def add_usage(tokens_in: int, tokens_out: int, cost: float) -> None:
         journal.prompt_tokens += tokens_in  # a sub-agent's model steps count for the request
         journal.completion_tokens += tokens_out
+        journal.cost += cost
 
     async def sub_agent(event: dict[str, Any]) -> None:  # tagged with task_id and depth
         await emit(ChatEvent("agent", data=agent_data(event)))
@@ -541,4 +546,5 @@ def _answer(
         completion_tokens=journal.completion_tokens,
         model_steps=len(journal.model_steps),
         error=error,
+        cost=journal.cost,
     )

@@ -15,6 +15,8 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
         "last_used_at",
         "expires_at",
         "revoked_at",
+        "daily_token_quota",
+        "daily_cost_quota",
     )
     readonly_fields = ("prefix", "secret_hash", "created_at", "last_used_at")
     search_fields = ("prefix", "user__username", "name")

@@ -7,6 +7,7 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 TOKEN_PREFIX = "lw"  # noqa: S105 - a public marker, not a secret
 
@@ -34,9 +35,32 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    #: The most tokens (prompt + completion) and the most cost (the endpoints' prices) the
+    #: token's chat completions may use per UTC day; null: no quota (docs/openai-endpoint.md).
+    daily_token_quota = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The most tokens (prompt + completion) this token's chat completions may use "
+        "per UTC day; null: no quota. Over it, /v1/chat/completions answers 429 quota_exceeded "
+        "with Retry-After (the next UTC midnight).",
+    )
+    daily_cost_quota = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="The most cost (the employees' endpoint prices) this token's chat completions "
+        "may use per UTC day; null: no quota. Over it, the same 429.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(daily_cost_quota__isnull=True) | Q(daily_cost_quota__gte=0),
+                name="accounts_token_cost_quota_not_negative",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{TOKEN_PREFIX}_{self.prefix}_… ({self.user})"

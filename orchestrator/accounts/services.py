@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hmac
 from datetime import datetime
-from typing import Protocol
+from decimal import Decimal
+from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, User
@@ -13,6 +14,9 @@ from django.utils import timezone
 
 from orchestrator.accounts.models import TOKEN_PREFIX, ApiToken, generate_token, hash_secret
 from orchestrator.accounts.roles import Role
+
+#: The quota fields of a token (``None``: no quota on that metric).
+QUOTA_FIELDS = ("daily_token_quota", "daily_cost_quota")
 
 
 @transaction.atomic
@@ -26,13 +30,59 @@ def user_ensure(*, username: str, roles: list[Role] | tuple[Role, ...] = ()) -> 
     return user
 
 
-def api_token_create(*, user: User, name: str = "cli", expires_at: datetime | None = None) -> str:
-    """Create a token for the user and return it; only its hash is stored."""
+def api_token_create(
+    *,
+    user: User,
+    name: str = "cli",
+    expires_at: datetime | None = None,
+    daily_token_quota: int | None = None,
+    daily_cost_quota: Decimal | None = None,
+) -> str:
+    """Create a token for the user and return it; only its hash is stored. ValueError for a
+    quota :func:`api_token_quota_problems` refuses."""
+    quotas = {"daily_token_quota": daily_token_quota, "daily_cost_quota": daily_cost_quota}
+    problems = api_token_quota_problems(quotas)
+    if problems:
+        raise ValueError(problems[0]["detail"])
     token, prefix, secret_hash = generate_token()
     ApiToken.objects.create(
-        user=user, name=name, prefix=prefix, secret_hash=secret_hash, expires_at=expires_at
+        user=user,
+        name=name,
+        prefix=prefix,
+        secret_hash=secret_hash,
+        expires_at=expires_at,
+        **quotas,
     )
     return token
+
+
+#: The quota columns: a 64-bit integer; 12 digits, 4 of them decimals.
+_TOKEN_BOUND, _COST_STEP, _COST_BOUND = 2**63 - 1, Decimal("0.0001"), Decimal("1e8")
+
+
+def _quota_problem(field: str, value: Any) -> str:
+    """Why ``value`` cannot be the quota ``field`` ('' when it can; None is no quota)."""
+    if value is None:
+        return ""
+    if value < 0:
+        return f"{field} must not be negative (null: no quota)."
+    if field == "daily_token_quota" and value > _TOKEN_BOUND:
+        return f"{field} must be at most {_TOKEN_BOUND}."
+    if field == "daily_cost_quota" and (
+        value >= _COST_BOUND or Decimal(value) != Decimal(value).quantize(_COST_STEP)
+    ):
+        return f"{field} must be below 100,000,000 with at most 4 decimals."
+    return ""
+
+
+def api_token_quota_problems(values: dict[str, Any]) -> list[dict[str, str]]:
+    """``{pointer, detail, code}`` for each quota of ``values`` that does not fit its column or
+    is negative (none: all may be stored)."""
+    return [
+        {"pointer": f"/{field}", "detail": detail, "code": "invalid"}
+        for field, value in values.items()
+        if (detail := _quota_problem(field, value))
+    ]
 
 
 def api_token_split(raw: str) -> tuple[str, str] | None:

@@ -44,6 +44,9 @@ RIGHTS: dict[str, dict[str, str]] = {
     "chat-completion-list": READ,
     "chat-completion-detail": READ,
     "employee-guardrails": {**READ, "PUT": ADMIN},
+    # API tokens: admins only (never the secrets); only the daily quotas are writable
+    "api-token-list": {"GET": ADMIN},
+    "api-token-detail": {"GET": ADMIN, "PATCH": ADMIN},
     # patterns and runs
     "pattern-list": {**READ, "POST": OPERATOR},
     "pattern-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},
