@@ -53,10 +53,12 @@ class RemoteTool:
 
 @dataclass(frozen=True)
 class CallAnswer:
-    """A ``tools/call`` answer as text for the model; ``is_error`` when the tool failed."""
+    """A ``tools/call`` answer as text for the model; ``is_error`` when the tool failed; its image
+    blocks as ``data:`` URLs (the text keeps a placeholder for each)."""
 
     text: str
     is_error: bool
+    images: tuple[str, ...] = ()
 
 
 def _guarded_client(
@@ -138,16 +140,22 @@ async def call_tool(
         result = await client.call_tool(
             name, arguments, read_timeout_seconds=server.timeout_seconds, meta=meta
         )
-    return CallAnswer(_text_of(result), bool(result.is_error))
+    text, images = _text_of(result)
+    return CallAnswer(text, bool(result.is_error), images)
 
 
-def _text_of(result: types.CallToolResult) -> str:
-    """The answer's content as text: text blocks as they are, other blocks described, and the
-    structured content as JSON when no block carries text."""
+def _text_of(result: types.CallToolResult) -> tuple[str, tuple[str, ...]]:
+    """The answer's content as text (text blocks as they are, other blocks described, and the
+    structured content as JSON when no block carries text) and its images as data URLs."""
     parts: list[str] = []
+    images: list[str] = []
     for block in result.content or []:
         if isinstance(block, types.TextContent):
             parts.append(block.text)
+        elif isinstance(block, types.ImageContent) and block.mime_type.startswith("image/"):
+            images.append(f"data:{block.mime_type};base64,{block.data}")
+            size = len(block.data) * 3 // 4
+            parts.append(f"[image {len(images)}: {block.mime_type}, about {size} bytes]")
         elif isinstance(block, types.ImageContent | types.AudioContent):
             size = len(block.data) * 3 // 4
             parts.append(f"[{block.type}: {block.mime_type}, about {size} bytes, not shown]")
@@ -163,4 +171,4 @@ def _text_of(result: types.CallToolResult) -> str:
     text = "\n".join(parts)
     if len(text) > MAX_RESULT_CHARS:
         text = text[:MAX_RESULT_CHARS] + f"\n[cut at {MAX_RESULT_CHARS} characters]"
-    return text
+    return text, tuple(images)

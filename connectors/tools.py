@@ -170,7 +170,8 @@ class McpTool:
                 is_error=True,
             )
         await breaker.record_success(admission, cooldown=BREAKER_COOLDOWN_SECONDS)
-        return ToolResult(answer.text or "(no content)", is_error=answer.is_error)
+        text, images = answer.text or "(no content)", answer.images
+        return ToolResult(text, is_error=answer.is_error, images=images)
 
 
 async def breaker_failed(breaker: CircuitBreaker, admission: Any) -> None:

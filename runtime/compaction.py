@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.tool_images import image_count, is_images_message
 from runtime.truncation import truncate_output
 from runtime.types import Message
 
@@ -40,6 +41,9 @@ FORCED_KEEP_RECENT_GROUPS = 1
 MIN_SHORTENED_CHARS = 200
 #: Upper bound on the length of the note ``truncate_output`` appends.
 NOTE_ALLOWANCE_CHARS = 160
+#: What an ``image_url`` part counts for, whatever its URL's length: providers bill an image by
+#: its pixels (about a thousand tokens for a large one), not by its base64 text.
+IMAGE_TOKENS = 1_000
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,12 @@ def _chars(value: Any) -> int:
 
 
 def message_tokens(message: Message) -> int:
-    chars = _chars(message.get("content")) + _chars(message.get("tool_calls"))
-    return math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS
+    content = message.get("content")
+    images = image_count(message)
+    if images and isinstance(content, list):
+        content = [p for p in content if not (isinstance(p, dict) and p.get("type") == "image_url")]
+    chars = _chars(content) + _chars(message.get("tool_calls"))
+    return math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + images * IMAGE_TOKENS
 
 
 def estimate_tokens(messages: list[Message], tools: list[dict[str, Any]] | None = None) -> int:
@@ -85,10 +93,11 @@ def estimate_tokens(messages: list[Message], tools: list[dict[str, Any]] | None 
 
 
 def group_messages(messages: list[Message]) -> list[list[Message]]:
-    """Split into groups: each non-tool message starts one; tool results join the current."""
+    """Split into groups: each non-tool message starts one; tool results (and the message
+    carrying their images) join the current."""
     groups: list[list[Message]] = []
     for message in messages:
-        if message.get("role") == "tool" and groups:
+        if (message.get("role") == "tool" or is_images_message(message)) and groups:
             groups[-1].append(message)
         else:
             groups.append([message])
@@ -102,6 +111,14 @@ def _pruned(message: Message) -> Message:
         "Call the tool again if you still need it.]"
     )
     return {**message, "content": note}
+
+
+def _pruned_images(message: Message) -> Message:
+    note = (
+        f"[{image_count(message)} image(s) of the tool results above pruned to save context. "
+        "Call the tool again if you still need them.]"
+    )
+    return {"role": "user", "content": note}
 
 
 def _dropped_note(count: int) -> Message:
@@ -153,6 +170,9 @@ def _prune_old_outputs(work: _Work, budget: int, keep_recent: int) -> None:
                 return
             if message.get("role") == "tool" and _chars(message.get("content")) > PRUNE_MIN_CHARS:
                 work.replace(group, index, _pruned(message))
+                work.pruned += 1
+            elif is_images_message(message):
+                work.replace(group, index, _pruned_images(message))
                 work.pruned += 1
 
 

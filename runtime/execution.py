@@ -20,16 +20,18 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
 from runtime.dispatch import ERRORS, Disposition, PlannedCall, StepPlan, Toolset
-from runtime.history import APPROVED, FINISHED, GATED, STARTED, Log, ModelEntry
+from runtime.history import APPROVED, FINISHED, GATED, STARTED, Answer, Log, ModelEntry
+from runtime.history import result_images as recorded_images
 from runtime.history import result_text as recorded_text
 from runtime.invocation import LeaseLost, StepJournal, StepRecord, ToolCallRefused
 from runtime.observers import runtime_observer
+from runtime.tool_images import ImageEndpoint, bounded_images, not_shown_note
 from runtime.tools.base import Invocation, Tool, ToolContext, ToolError, ToolResult
 from runtime.truncation import truncate_output
 from runtime.types import Effect
@@ -53,11 +55,15 @@ class CallResult:
     original_length: int | None = None
     #: The question of a call that needs a person's answer (``ToolResult.input_request``).
     input_request: str = ""
+    #: The result's images (bounded ``data:`` URLs), persisted so a resume shows them again.
+    images: tuple[str, ...] = ()
 
     def response(self) -> dict[str, Any]:
         response: dict[str, Any] = {"content": self.content}
         if self.files_written:
             response["files_written"] = list(self.files_written)
+        if self.images:
+            response["images"] = list(self.images)
         if self.original_length is not None:
             response["truncated_from"] = self.original_length
         return response
@@ -70,6 +76,11 @@ class Settlement:
     #: Calls waiting for a human: ``{"seq", "tool", "arguments", "reason"}``, with ``"kind":
     #: "input"`` for a call that asked a question (``reason`` is the question).
     gated: list[dict[str, Any]]
+    #: call index → the images of its result, for the calls whose result has any.
+    images: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def answer(self, index: int) -> Answer:
+        return self.results[index], self.images.get(index, ())
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,10 @@ class Asked:
     """A call that ran and now waits for a person's answer: its entry of ``Settlement.gated``."""
 
     gated: dict[str, Any]
+
+
+#: A call that ran: its index and its result, or the question it waits on.
+Ran = tuple[int, CallResult | Asked]
 
 
 def _failure(message: str, max_chars: int) -> CallResult:
@@ -88,12 +103,14 @@ def _shaped(result: ToolResult | str, max_chars: int) -> CallResult:
         result = ToolResult(str(result))
     cut = truncate_output(result.content, max_chars)
     content = f"Error: {cut.text}" if result.is_error else cut.text
+    images, dropped = bounded_images(result.images)
     return CallResult(
-        content=content,
+        content="\n".join([content, *dropped]),
         error=result.content[:1000] if result.is_error else "",
         files_written=result.files_written,
         original_length=cut.original_length if cut.truncated else None,
         input_request=result.input_request[:2000],
+        images=images,
     )
 
 
@@ -190,6 +207,7 @@ class StepExecutor:
         workdir: str | None,
         files_written: set[str],
         invocation: Invocation | None = None,
+        endpoint: ImageEndpoint | None = None,
     ) -> None:
         self.journal = journal
         self.toolset = toolset
@@ -198,6 +216,8 @@ class StepExecutor:
         self.files_written = files_written
         #: Who makes the calls: every call's context carries it (``ToolContext.invocation``).
         self.invocation = invocation
+        #: The model endpoint: results keep their images only when it accepts images.
+        self.endpoint = endpoint
 
     async def settle(self, entry: ModelEntry, plan: StepPlan, log: Log) -> Settlement:
         """Give every call of ``entry`` a result, acting only on calls with none persisted.
@@ -206,13 +226,15 @@ class StepExecutor:
         a whole, after every decision on it is in.
         """
         results: dict[int, str] = {}
+        images: dict[int, tuple[str, ...]] = {}
         gated: list[dict[str, Any]] = []
-        runs: list[Callable[[], Awaitable[tuple[int, str | Asked]]]] = []
-        approved: list[Callable[[], Awaitable[tuple[int, str | Asked]]]] = []
+        runs: list[Callable[[], Awaitable[Ran]]] = []
+        approved: list[Callable[[], Awaitable[Ran]]] = []
         for planned in plan.calls:
             record = log.result(entry.seq, planned.index)
             if record is not None and record.status in FINISHED:
                 results[planned.index] = recorded_text(record)
+                images[planned.index] = recorded_images(record)
             elif record is not None and record.status == GATED:
                 gated.append(_gated(record, planned))
             elif record is not None and record.status in (STARTED, APPROVED):
@@ -230,12 +252,12 @@ class StepExecutor:
         if not gated:
             runs.extend(approved)
         if runs:  # a replayed step has none: it costs no tasks
-            for index, content in await run_bounded(runs, self.limits.concurrency):
-                if isinstance(content, Asked):
-                    gated.append(content.gated)
+            for index, ran in await run_bounded(runs, self.limits.concurrency):
+                if isinstance(ran, Asked):
+                    gated.append(ran.gated)
                 else:
-                    results[index] = content
-        return Settlement(results, gated)
+                    results[index], images[index] = ran.content, ran.images
+        return Settlement(results, gated, {i: shown for i, shown in images.items() if shown})
 
     def _request(
         self, entry: ModelEntry, planned: PlannedCall, arguments: Any, tool: Tool | None = None
@@ -288,7 +310,7 @@ class StepExecutor:
         )
         return {"seq": seq, "tool": planned.tool, "arguments": planned.arguments, "reason": reason}
 
-    async def _start(self, entry: ModelEntry, planned: PlannedCall) -> tuple[int, str | Asked]:
+    async def _start(self, entry: ModelEntry, planned: PlannedCall) -> Ran:
         tool = self.toolset.registry.get(planned.tool)
         if (
             tool is not None
@@ -309,7 +331,7 @@ class StepExecutor:
                 idempotency_key=key,
             )
         except ToolCallRefused as refused:  # run policy: persisted with this result, not run
-            return planned.index, refused.content
+            return planned.index, CallResult(refused.content)
         if planned.warning:
             await self.journal.event(
                 "tool.repetition_warning", {"tool": planned.tool, "model_seq": entry.seq}
@@ -317,9 +339,7 @@ class StepExecutor:
         arguments = planned.arguments or {}  # a RUN call always has validated arguments
         return await self._run(seq, planned, planned.tool, arguments, key, False)
 
-    async def _run_read(
-        self, entry: ModelEntry, planned: PlannedCall, tool: Tool
-    ) -> tuple[int, str | Asked]:
+    async def _run_read(self, entry: ModelEntry, planned: PlannedCall, tool: Tool) -> Ran:
         """A read-effect call runs first and is persisted once, finished, with its result: it
         changes nothing, so it needs no durable start (after a crash it simply runs again),
         and the model step that made it is written in the same transaction."""
@@ -345,9 +365,9 @@ class StepExecutor:
                     idempotency_key=key,
                 )
             except ToolCallRefused as refused:
-                return planned.index, refused.content
+                return planned.index, CallResult(refused.content)
             return await self._asked(seq, planned, planned.tool, arguments, result)
-        shown = _with_notices(result, [planned.warning])
+        shown = _with_notices(self._for_endpoint(result), [planned.warning])
         try:
             recorded = await self.journal.record_call(
                 name=planned.tool,
@@ -358,7 +378,7 @@ class StepExecutor:
                 started_at=started_at,
             )
         except ToolCallRefused as refused:  # run policy: persisted with this result instead
-            return planned.index, refused.content
+            return planned.index, CallResult(refused.content)
         if planned.warning:
             await self.journal.event(
                 "tool.repetition_warning", {"tool": planned.tool, "model_seq": entry.seq}
@@ -366,9 +386,9 @@ class StepExecutor:
         if not recorded.completed:  # begun only: its result goes with the run's notice
             return await self._complete(recorded.seq, planned, result)
         self.files_written.update(result.files_written)
-        return planned.index, shown.content
+        return planned.index, shown
 
-    async def _resume(self, planned: PlannedCall, record: StepRecord) -> tuple[int, str | Asked]:
+    async def _resume(self, planned: PlannedCall, record: StepRecord) -> Ran:
         """Re-issue a started call, or run an approved one, completing its existing step."""
         # An approver may have edited the arguments: whatever runs must still fit the schema.
         checked = self._recheck(record.name, record.request.get("arguments"))
@@ -410,7 +430,7 @@ class StepExecutor:
         key: str,
         reissued: bool,
         answer: str = "",
-    ) -> tuple[int, str | Asked]:
+    ) -> Ran:
         tool = self.toolset.registry.get(name)
         if tool is None:
             failure = _failure(
@@ -434,7 +454,7 @@ class StepExecutor:
 
     async def _asked(
         self, seq: int, planned: PlannedCall, name: str, arguments: Any, result: CallResult
-    ) -> tuple[int, str | Asked]:
+    ) -> Ran:
         """The call of step ``seq`` needs a person's answer: its step waits for one, or, where
         nobody can be asked, completes with why."""
         try:
@@ -453,11 +473,21 @@ class StepExecutor:
 
     async def _complete(
         self, seq: int, planned: PlannedCall, result: CallResult
-    ) -> tuple[int, str]:
-        result = _with_notices(result, [planned.warning, self.journal.tool_notice(seq)])
+    ) -> tuple[int, CallResult]:
+        shown = self._for_endpoint(result)
+        result = _with_notices(shown, [planned.warning, self.journal.tool_notice(seq)])
         self.files_written.update(result.files_written)
         await self.journal.complete(seq, response=result.response(), error=result.error)
-        return planned.index, result.content
+        return planned.index, result
+
+    def _for_endpoint(self, result: CallResult) -> CallResult:
+        """``result`` as the endpoint can take it: without images (and saying why) when it
+        does not accept images, so neither the journal nor the model gets them."""
+        if not result.images or (self.endpoint is not None and self.endpoint.vision):
+            return result
+        name = self.endpoint.endpoint_name if self.endpoint is not None else ""
+        note = not_shown_note(len(result.images), name)
+        return replace(result, content=f"{result.content}\n\n{note}", images=())
 
 
 def _with_notices(result: CallResult, notices: list[str]) -> CallResult:
@@ -465,12 +495,7 @@ def _with_notices(result: CallResult, notices: list[str]) -> CallResult:
     shown = [n for n in notices if n]
     if not shown:
         return result
-    return CallResult(
-        "\n\n".join([result.content, *shown]),
-        result.error,
-        result.files_written,
-        result.original_length,
-    )
+    return replace(result, content="\n\n".join([result.content, *shown]))
 
 
 def _gated(record: StepRecord, planned: PlannedCall) -> dict[str, Any]:

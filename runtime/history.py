@@ -20,6 +20,7 @@ from typing import Any
 
 from runtime.dispatch import Phase
 from runtime.invocation import StepRecord
+from runtime.tool_images import ImageEndpoint, images_message, not_shown_note
 from runtime.types import ChatResponse, Message, ToolCall
 from runtime.validation import ValidArguments
 
@@ -150,6 +151,27 @@ def tool_message(call: ToolCall, content: str) -> Message:
     return {"role": "tool", "tool_call_id": call.id, "content": content}
 
 
+#: A call's result as the loop folds it: its text and its images (data URLs).
+Answer = tuple[str, tuple[str, ...]]
+
+
+def step_messages(
+    calls: list[ToolCall], answers: list[Answer], endpoint: ImageEndpoint
+) -> list[Message]:
+    """The tool messages of a step's calls (in call order) and, when some result has images and
+    ``endpoint`` accepts them, one ``user`` message carrying them after the tool messages;
+    an endpoint that does not gets a note in place of the images."""
+    messages: list[Message] = []
+    shown: list[tuple[ToolCall, tuple[str, ...]]] = []
+    for call, (content, images) in zip(calls, answers, strict=True):
+        if images and not endpoint.vision:  # the vision setting changed since the call ran
+            content = f"{content}\n\n{not_shown_note(len(images), endpoint.endpoint_name)}"
+        elif images:
+            shown.append((call, images))
+        messages.append(tool_message(call, content))
+    return [*messages, images_message(shown)] if shown else messages
+
+
 def result_text(record: StepRecord) -> str:
     """What the model sees for a finished tool step, whoever finished it.
 
@@ -167,6 +189,13 @@ def result_text(record: StepRecord) -> str:
     if response is None:
         return f"Error: {record.error}" if record.error else "[no result was recorded]"
     return json.dumps(response, ensure_ascii=False, default=str)
+
+
+def result_images(record: StepRecord) -> tuple[str, ...]:
+    """The images a finished tool step recorded (``response["images"]``); () when none."""
+    response = record.response if isinstance(record.response, dict) else {}
+    images = response.get("images")
+    return tuple(i for i in images if isinstance(i, str)) if isinstance(images, list) else ()
 
 
 # --- reading the journal ---------------------------------------------------------------------

@@ -41,8 +41,9 @@ from runtime.history import (
     assistant_message,
     calls_of,
     read_log,
+    result_images,
     result_text,
-    tool_message,
+    step_messages,
 )
 from runtime.invocation import (
     InvocationOutcome,
@@ -54,7 +55,7 @@ from runtime.invocation import (
 from runtime.loop_settings import RECURSION_LIMIT, LoopSettings, cap_label, harness_step_cap
 from runtime.model_config import EndpointOverflow
 from runtime.model_failures import misreported_overflow, temporarily_unavailable
-from runtime.model_images import ImagesRefused, input_images
+from runtime.model_images import ImagesRefused, refuse_images
 from runtime.output_format import OutputFormat
 from runtime.policy import ToolPolicy, without_workdir_tools
 from runtime.prompt_template import PromptTemplateError
@@ -251,6 +252,7 @@ class _Invocation:
             workdir=self.request.workdir,
             files_written=log.files_written,
             invocation=self.owner.invocation_of(self.request),
+            endpoint=self.owner,
         )
         step = _Stepper(self, conversation, executor, log)
         # Replay: settled steps only rebuild the conversation; the last one may still have
@@ -279,12 +281,7 @@ class _Invocation:
         presets = [dict(message) for message in self.owner.preset_messages]
         chat = self.request.conversation
         if chat is None:
-            if input_images(self.request.inputs) and not self.owner.vision:
-                raise ImagesRefused(
-                    f"The run was given images (inputs.images) but the model endpoint "
-                    f"{self.owner.endpoint_name or '(unnamed)'!r} does not accept images "
-                    "(its vision setting is off)."
-                )
+            refuse_images(self.request.inputs, self.owner)
             goal: Message = {"role": "user", "content": prompts.goal_content(self.request)}
             return [system, *presets, goal], []
         head = next((i for i, m in enumerate(chat) if m.get("role") != "system"), len(chat))
@@ -510,8 +507,8 @@ class _Stepper:
             return InvocationOutcome(
                 kind=OutcomeKind.NEEDS_APPROVAL, output={"gated": settlement.gated}
             )
-        for index, call in enumerate(entry.calls):
-            conversation.history.append(tool_message(call, settlement.results[index]))
+        answers = [settlement.answer(index) for index in range(len(entry.calls))]
+        conversation.history += step_messages(entry.calls, answers, self.run.owner)
         if entry.client_calls:  # the client runs these: its next request carries the results
             handed = [assistant_call(call) for call in entry.client_calls]
             output = {"text": entry.text, "client_tool_calls": handed}
@@ -534,8 +531,8 @@ class _Stepper:
         if state is None:
             return False
         self.conversation.repetition = state
-        for call, record in zip(entry.calls, records, strict=True):
-            self.conversation.history.append(tool_message(call, result_text(record)))
+        answers = [(result_text(record), result_images(record)) for record in records]
+        self.conversation.history += step_messages(entry.calls, answers, self.run.owner)
         return True
 
     async def _conclude(self, entry: ModelEntry) -> InvocationOutcome | None:

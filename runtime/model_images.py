@@ -5,7 +5,7 @@ goal message carries them in. Pure: no database, no network (docs/runs.md, docs/
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 IMAGES_KEY = "images"
 MAX_IMAGES = 8
@@ -16,6 +16,28 @@ _DATA_URL = re.compile(r"^data:image/[A-Za-z0-9.+-]+;base64,[A-Za-z0-9+/=\s]+$")
 
 class ImagesRefused(Exception):
     """The run was given images and the employee's endpoint does not accept them."""
+
+
+class ImageEndpoint(Protocol):
+    """The model endpoint an invocation talks to, as far as images go (``ToolLoopInvoker``)."""
+
+    @property
+    def vision(self) -> bool:
+        """Whether the endpoint accepts image content parts."""
+        ...
+
+    @property
+    def endpoint_name(self) -> str: ...
+
+
+def refuse_images(inputs: Any, endpoint: ImageEndpoint) -> None:
+    """Raise :class:`ImagesRefused` when the run was given images ``endpoint`` does not accept."""
+    if input_images(inputs) and not endpoint.vision:
+        raise ImagesRefused(
+            f"The run was given images (inputs.images) but the model endpoint "
+            f"{endpoint.endpoint_name or '(unnamed)'!r} does not accept images "
+            "(its vision setting is off)."
+        )
 
 
 def image_input_problems(inputs: Any) -> list[dict[str, str]]:

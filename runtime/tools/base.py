@@ -40,6 +40,10 @@ class ToolResult:
     #: answer in :attr:`ToolContext.answer` (``content`` is what the model reads where no one
     #: can be asked).
     input_request: str = ""
+    #: Images of the result as ``data:image/<type>;base64,`` URLs (an MCP tool's image blocks):
+    #: shown to a model whose endpoint accepts images; the loop bounds them (count, size) and
+    #: notes in the text what it drops. ``content`` should make sense without them.
+    images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

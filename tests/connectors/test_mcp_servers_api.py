@@ -28,7 +28,9 @@ def test_registering_lists_the_tools_with_their_names_and_effects(
     response = _register(admin, name="docs", url=docs.url)
     assert response.status_code == 201, response.content
     tools = {t["name"]: t for t in response.data["tools"]}
-    assert set(tools) == {"search", "add_note", "delete_page", "tag_page", "slow_write", "fail"}
+    assert set(tools) == {
+        "search", "add_note", "delete_page", "tag_page", "slow_write", "fail", "chart",
+    }  # fmt: skip
     assert tools["search"]["offered_as"] == "mcp__docs__search"
     assert [tools[n]["effect"] for n in ("search", "add_note", "delete_page")] == [
         "read", "write", "external",
@@ -77,7 +79,7 @@ def test_header_values_come_from_allowed_environment_variables_only(
     monkeypatch.setenv("LOOPWRIGHT_SECRET_DOCS", "sekrit")
     listed = admin.post("/api/v1/mcp-servers/keyed/refresh")
     assert listed.status_code == 200, listed.content
-    assert listed.data["list_error"] == "" and len(listed.data["tools"]) == 6
+    assert listed.data["list_error"] == "" and len(listed.data["tools"]) == 7
     assert "sekrit" not in listed.content.decode()
 
 
@@ -103,7 +105,7 @@ def test_a_server_that_is_down_is_reported_and_its_tools_kept(
     listed = admin.post("/api/v1/mcp-servers/docs/refresh")
     assert listed.status_code == 200
     assert listed.data["list_error"]
-    assert len(listed.data["tools"]) == 6  # as listed before
+    assert len(listed.data["tools"]) == 7  # as listed before
 
 
 def test_unknown_fields_and_bad_values_are_refused_by_name(

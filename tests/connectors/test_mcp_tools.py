@@ -15,13 +15,21 @@ from connectors.services import mcp_server_create
 from connectors.tools import IDEMPOTENCY_META, MCP_TOOLS
 from harness.planner import plan_tools
 from runtime.breaker import FAILURE_THRESHOLD
-from runtime.policy import Decision
+from runtime.invocation import OutcomeKind
+from runtime.loop import ToolLoopInvoker
+from runtime.policy import Decision, ToolPolicy
+from runtime.tools import ToolRegistry
 from runtime.tools.base import ToolContext, ToolResult
 from runtime.tools.bash import network_access
 from runtime.types import Effect
-from tests.support.mcp_server import DocsServer
+from tests.runtime.chat_helpers import model_client
+from tests.support.fake_model import make_request
+from tests.support.journal import MemoryJournal
+from tests.support.mcp_server import CHART_PNG, DocsServer
+from tests.support.model_server import Completion, ModelServer, make_model_server, model_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+__all__ = ["make_model_server", "model_server"]  # the loopback model server's fixtures
 
 
 ALLOW = {"isolation": {"networkAccess": "allow"}}
@@ -59,6 +67,40 @@ def test_tools_are_offered_with_their_effects_and_called(docs: DocsServer) -> No
     failed = _call("mcp__docs__fail", {"reason": "no such page"})
     assert failed.is_error and "no such page" in failed.content
     assert docs.names() == ["search", "fail"]
+
+
+def test_an_image_block_of_an_answer_becomes_an_image_of_the_result(docs: DocsServer) -> None:
+    """An ImageContent block comes back as a data URL in ``ToolResult.images``; the text keeps
+    a placeholder for it, so it still makes sense alone."""
+    mcp_server_create(name="docs", url=docs.url)
+    charted = _call("mcp__docs__chart", {"page": "intro"})
+    assert charted.images == (f"data:image/png;base64,{CHART_PNG}",)
+    assert charted.content.startswith("Visits of intro:\n[image 1: image/png, about ")
+    assert CHART_PNG not in charted.content and not charted.is_error
+
+
+def test_an_image_of_an_mcp_tool_reaches_a_vision_model_as_an_image_part(
+    docs: DocsServer, model_server: ModelServer
+) -> None:
+    """Through the tool loop: the chart's image follows the tool message as an ``image_url``
+    part of a ``user`` message, for an endpoint that accepts images."""
+    mcp_server_create(name="docs", url=docs.url)
+    chart = Completion(tool_calls=[("mcp__docs__chart", '{"page": "intro"}')])
+    model_server.queue(chart, Completion(content="Done."))
+    invoker = ToolLoopInvoker(
+        model_clients=lambda _username: model_client(model_server),
+        tools=ToolRegistry(providers=[MCP_TOOLS]),
+        policy=lambda _request: ToolPolicy.from_decisions({"mcp__docs__chart": "allow"}),
+        vision=True,
+        endpoint_name="primary",
+    )
+    request = make_request(harness={"settings": ALLOW})
+    outcome = asyncio.run(invoker.invoke(request, MemoryJournal()))
+    assert outcome.kind is OutcomeKind.COMPLETED, outcome
+    *_, tool, user = model_server.bodies[1]["messages"]
+    assert tool["content"].startswith("Visits of intro:\n[image 1: image/png, about ")
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{CHART_PNG}"}}
+    assert user["role"] == "user" and user["content"][-1] == image
 
 
 def test_the_harness_offers_only_the_tools_of_allowed_connectors(docs: DocsServer) -> None:

@@ -2,8 +2,8 @@
 thread, with tools of each effect tier; it records every call it receives.
 
 Tools: ``search`` (readOnlyHint), ``add_note`` (no hints: write), ``delete_page``
-(destructiveHint), ``tag_page`` (idempotentHint), ``slow_write`` (sleeps, then records), and
-``fail`` (answers with isError). With ``key`` set, every request needs ``X-Docs-Key: <key>``.
+(destructiveHint), ``tag_page`` (idempotentHint), ``slow_write`` (sleeps, then records),
+``fail`` (answers with isError) and ``chart`` (readOnlyHint; a text block and a PNG image block). With ``key`` set, every request needs ``X-Docs-Key: <key>``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,16 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.context import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
+from mcp_types import ImageContent, TextContent, ToolAnnotations
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PAGES = {"intro": "Loopwright runs agent loops.", "install": "Run make demo."}
+#: The image ``chart`` answers with: a 1x1 PNG, base64.
+CHART_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5E"
+    "rkJggg=="
+)
 
 
 @dataclass
@@ -87,6 +92,15 @@ class DocsServer:
             """Always fails."""
             calls.append(("fail", {"reason": reason}, {}))
             raise ToolError(reason)
+
+        @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+        def chart(page: str) -> list[TextContent | ImageContent]:
+            """A chart of a page's visits, as an image."""
+            calls.append(("chart", {"page": page}, {}))
+            return [
+                TextContent(type="text", text=f"Visits of {page}:"),
+                ImageContent(type="image", data=CHART_PNG, mime_type="image/png"),
+            ]
 
         inner = mcp.streamable_http_app()
         key = self.key

@@ -39,7 +39,7 @@ def test_an_admin_registers_a_server_and_sees_its_tools(
             "headers": "", "timeout_seconds": "30", "tools_filter": "search, delete_page"}  # fmt: skip
     response = admin.post("/connectors", form, follow=True)
     text = page(response)
-    assert "docs: 6 tools listed." in text
+    assert "docs: 7 tools listed." in text
     assert (
         "<code>mcp__docs__search</code>" in text and "<code>mcp__docs__delete_page</code>" in text
     )
