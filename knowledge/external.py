@@ -15,9 +15,8 @@ from typing import Any
 
 import httpx2
 
-from knowledge.http import guarded_client
 from knowledge.models import KnowledgeBase
-from runtime import outbound
+from runtime import outbound, outbound_http
 from runtime.outbound import OutboundRefused, ResponseTooLarge
 from runtime.secrets import SecretNotAllowed, api_key_from_env, current_secret_rule, redact
 
@@ -54,7 +53,7 @@ def external_search(base: KnowledgeBase, query: str, top_k: int) -> list[Externa
         "namespace": base.namespace, "filter": {},
     }  # fmt: skip
     try:
-        policy, http = guarded_client()
+        policy, http = outbound_http.shared_client()
         outbound.check_url(url, policy)
         response = http.post(url, json=body, headers=headers, timeout=TIMEOUT_SECONDS)
         if response.status_code >= 400:

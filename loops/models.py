@@ -1,8 +1,8 @@
 """Control-plane tables: patterns, runs and everything a run leaves behind.
 
-Invariants live in the database where they can: unique (run, seq) for events and steps, one
-fire per (pattern, scheduled time), check constraints on statuses and counters. Status changes
-go through ``loops.services.transitions`` only.
+Invariants live in the database where they can: unique (run, seq) for events and steps, one fire
+per (pattern, scheduled time), check constraints on statuses and counters. Status changes go
+through ``loops.services.transitions`` only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from loops.cache_models import SemanticCacheEntry
 from loops.span_models import LoopSpan, LoopSpanRecord, new_trace_id
 
 
@@ -263,9 +264,8 @@ class LoopStep(models.Model):
     tokens_out = models.PositiveIntegerField(default=0)
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     lease_token = models.BigIntegerField(default=0)
-    #: Tool steps journaled by the engine: SHA-256 of the tool name and canonical arguments,
-    #: so the run-level tool-loop policy counts identical calls across invocations and
-    #: resumes (``loops.services.tool_repeats``).
+    #: Tool steps: SHA-256 of the tool name and canonical arguments, so the run-level tool-loop
+    #: policy counts identical calls across invocations and resumes (``services.tool_repeats``).
     call_hash = models.CharField(max_length=64, null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -596,5 +596,5 @@ class EventDelivery(models.Model):
         return f"{self.event_key}:{self.id}"
 
 
-__all__ += ["CronFire", "CronFireOutcome", "CronSchedule", "EventDelivery", "EventKey"]
-__all__ += ["LoopSpan", "LoopSpanRecord"]
+__all__ += ["CronFire", "CronFireOutcome", "CronSchedule", "EventDelivery", "EventKey", "LoopSpan"]
+__all__ += ["LoopSpanRecord", "SemanticCacheEntry"]

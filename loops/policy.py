@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import InvalidInput
+from runtime.guardrails_config import guardrail_problems, parse_guardrail_config
 
 
 class _StrictPolicyModel(BaseModel):
@@ -69,6 +70,18 @@ class ToolLoopPolicy(_StrictPolicyModel):
         return self
 
 
+class SemanticCachePolicy(_StrictPolicyModel):
+    """Opt-in answers from earlier read-only model calls of the pattern (docs/semantic-cache.md);
+    when enabled, the pattern save requires an existing embedding endpoint and a model."""
+
+    enabled: bool = False
+    threshold: float = Field(default=0.95, ge=0.5, le=1.0)
+    ttlSeconds: int = Field(default=3600, ge=1, le=2_592_000)
+    #: The name of a model endpoint (``ModelEndpoint.name``) that serves ``/embeddings``.
+    embeddingEndpoint: str = ""
+    embeddingModel: str = ""
+
+
 class PatternPolicy(_StrictPolicyModel):
     concurrency: int | None = Field(default=None, ge=1, le=10_000)
     maxAttempts: int = Field(default=5, ge=1, le=50)
@@ -81,6 +94,7 @@ class PatternPolicy(_StrictPolicyModel):
     #: The pattern's layer of the harness compilation (same schema as a profile's settings;
     #: its ``paths`` section holds the pattern's denied paths and file limit).
     harness: dict[str, Any] = {}
+    semanticCache: SemanticCachePolicy = SemanticCachePolicy()
 
     #: Moved into the harness layer (``harness.paths``); present only to say so.
     paths: Any = Field(default=None, exclude=True)
@@ -92,6 +106,16 @@ class PatternPolicy(_StrictPolicyModel):
         # move still hold it.
         if value not in (None, {}, {"maxFiles": None, "deny": []}):
             raise ValueError("paths moved to the harness layer: write policy.harness.paths")
+
+    #: Content safety on every model call of its runs (docs/guardrails.md): the shape of an
+    #: employee's guardrails, kept in its normalized form (camelCase, defaults filled in).
+    contentSafety: dict[str, Any] | None = None
+
+    @field_validator("contentSafety", mode="before")
+    @classmethod
+    def _content_safety(cls, value: Any) -> dict[str, Any] | None:
+        # Invalid: parse_policy reports each problem with its own pointer.
+        return None if value is None else parse_guardrail_config(value).to_api()
 
 
 def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict[str, str]]:
@@ -114,7 +138,20 @@ def parse_policy(data: Any) -> PatternPolicy:
     try:
         return PatternPolicy.model_validate(data or {})
     except ValidationError as exc:
-        errors = pydantic_errors(exc, "/policy")
+        errors = _with_content_safety(pydantic_errors(exc, "/policy"), data)
         raise InvalidInput(
             f"The pattern policy is invalid: {errors[0]['detail']}", errors=errors
         ) from exc
+
+
+def _with_content_safety(errors: list[dict[str, str]], data: Any) -> list[dict[str, str]]:
+    """``errors`` with the one problem of ``contentSafety`` replaced by each of its own, under
+    ``/policy/contentSafety``."""
+    pointer = "/policy/contentSafety"
+    if not any(e["pointer"] == pointer for e in errors) or not isinstance(data, dict):
+        return errors
+    own = [
+        {**problem, "pointer": pointer + problem["pointer"]}
+        for problem in guardrail_problems(data.get("contentSafety"))
+    ]
+    return [e for e in errors if e["pointer"] != pointer] + own

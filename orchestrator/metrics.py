@@ -91,6 +91,12 @@ SKILL_EXECUTIONS = Counter(
     ["outcome"],
     registry=_DEFINED,
 )
+SEMANTIC_CACHE_LOOKUPS = Counter(
+    "loopwright_semantic_cache_lookups",
+    "Semantic cache lookups of runs' read-only model calls, by outcome (hit, miss, error).",
+    ["outcome"],
+    registry=_DEFINED,
+)
 
 
 class PrometheusObserver:

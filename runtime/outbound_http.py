@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -316,3 +317,21 @@ def post_json(url: str, payload: Any, *, policy: OutboundPolicy, timeout: float 
         response = http.post(url, json=payload)
         response.raise_for_status()
         return response.status_code
+
+
+_shared_lock = threading.Lock()
+_shared: tuple[OutboundPolicy, httpx2.Client] | None = None
+
+
+def shared_client(timeout: float = 30.0) -> tuple[OutboundPolicy, httpx2.Client]:
+    """The process-wide outbound policy now and one synchronous client (per policy) whose every
+    connection it checks, shared by threads: building a client costs more than a loopback
+    request (its TLS context)."""
+    global _shared
+    policy = outbound.current_policy()
+    with _shared_lock:
+        if _shared is None or _shared[0] is not policy:
+            if _shared is not None:
+                _shared[1].close()
+            _shared = (policy, client(policy, timeout=timeout))
+        return _shared

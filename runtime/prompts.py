@@ -9,7 +9,16 @@ from runtime.invocation import InvocationRequest, LoopRole
 from runtime.model_images import image_parts, input_images, without_images
 
 #: Context keys that steer the loop itself rather than inform the model.
-FORMAT_KEYS = frozenset({"response_format", "response_schema", "auto_allowlist", "pattern"})
+FORMAT_KEYS = frozenset(
+    {
+        "response_format",
+        "response_schema",
+        "auto_allowlist",
+        "pattern",
+        "semantic_cache",
+        "content_safety",
+    }
+)
 
 _ROLE_TEXT = {
     LoopRole.LEADER: (

@@ -246,9 +246,20 @@ def step_arguments(step: Any) -> Any:
 def step_result(step: Any) -> Any:
     """A tool step's result: its text content when that is all there is, else the JSON."""
     response = step.response
+    if isinstance(response, dict) and response.get("images"):
+        # The images' data URLs stay out of the page; step_images counts them.
+        response = {k: v for k, v in response.items() if k != "images"}
     if isinstance(response, dict) and set(response) <= {"content", "disposition"}:
         return response.get("content", response)
     return response
+
+
+@register.filter
+def step_images(step: Any) -> int:
+    """How many images a tool step's result carried (sent to a vision endpoint)."""
+    response = step.response
+    images = response.get("images") if isinstance(response, dict) else None
+    return len(images) if isinstance(images, list) else 0
 
 
 @register.filter

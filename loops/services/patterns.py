@@ -20,6 +20,7 @@ from loops.cron import CronInvalid, CronSpec, cron_validate
 from loops.models import AutonomyLevel, LoopPattern, TriggerType
 from loops.policy import PatternPolicy, parse_policy
 from loops.services.schedules import cron_schedule_sync
+from loops.services.semantic_cache import semantic_cache_errors
 from loops.templates import check_template
 from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict, InvalidInput
@@ -341,6 +342,7 @@ def pattern_validate(pattern: LoopPattern) -> None:
         *_autonomy_errors(pattern, policy.model_dump()),
         *_trigger_errors(pattern),
         *_harness_errors(pattern),
+        *semantic_cache_errors(policy),
     ]
     errors = _without_repeats([*errors, *registration_errors(pattern, policy)])
     if errors:

@@ -502,6 +502,8 @@ def _context_for(run: RunState, role: LoopRole) -> dict[str, Any]:
         "maker_outputs": run.cursor.get("maker_outputs", []),
         "autonomy_level": run.autonomy_level,
         "auto_allowlist": (run.policy.get("approvals") or {}).get("autoAllowlist", []),
+        "semantic_cache": run.policy.get("semanticCache"),
+        "content_safety": run.policy.get("contentSafety"),
         "pattern": run.pattern_key,
     }
     if role == LoopRole.LEADER:

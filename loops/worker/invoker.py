@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import cast
 
 from loops.live_text import LiveTextClient, StreamingClient
+from loops.semantic_cache import semantic_cache_wrap
 from orchestrator.agents.quota_journal import QuotaJournal
 from orchestrator.agents.subagent_host import agent_tools_register
 from orchestrator.agents.wiring import (
@@ -24,6 +25,7 @@ from orchestrator.agents.wiring import (
     role_tool_policy,
 )
 from orchestrator.errors import NotFound
+from runtime.content_safety import guarded
 from runtime.invocation import (
     InvocationOutcome,
     InvocationRequest,
@@ -90,6 +92,10 @@ class AgentInvoker:
         if profile.loop_settings.stream:
             # The streamed text of each model step is shown live on the run page.
             client = LiveTextClient(cast(StreamingClient, client), request)
+        # A read-only role may be answered from the pattern's semantic cache (opt-in).
+        client, journal = semantic_cache_wrap(request, client, journal, policy, self.tools)
+        # Outermost: every call (a cached answer too) passes the run's content-safety rules.
+        client = guarded(client, request.context.get("content_safety"), label=request.invocation)
         loop = employee_tool_loop(
             profile, self.tools, route=route, client=client, policy=lambda _r: policy
         )

@@ -35,6 +35,7 @@ from orchestrator.agents.wiring import (
     role_tool_policy,
 )
 from orchestrator.errors import NotFound
+from runtime.content_safety import inherited
 from runtime.invocation import InvocationRequest, LoopRole
 from runtime.model_client import client_for_endpoint
 from runtime.model_config import ModelParams
@@ -189,7 +190,7 @@ class EmployeeSubAgentHost:
         )
         policy = role_tool_policy(request, employee_specs(profile, self.tools))
         invoker = child_tool_loop(
-            client=client,
+            client=inherited(client, scope, label=f"{parent.name} > {employee}"),
             tools=self.tools,
             policy=policy,
             settings=profile.loop_settings,
