@@ -12,10 +12,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from frontend.selectors.budgets import figure_text
-from gateway.models import EmployeeChatSettings
+from gateway.models import EmployeeChatSettings, TokenUsageDay
 from loops.models import LoopPattern, UsageBucket
 from loops.policy import PatternPolicy
 from loops.services import budget_rules
+from orchestrator.accounts.models import ApiToken
 from orchestrator.agents.models import Employee, EmployeeUsageDay, ModelAlias
 from orchestrator.agents.serializers import ModelAliasSerializer
 
@@ -26,8 +27,17 @@ class QuotaRow:
 
     name: str
     figures: list[tuple[str, str, str]]
-    #: The pattern policy's gateway settings this page summarises (``semanticCache`` …).
-    extras: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PatternGateway:
+    """A pattern's gateway policies: its daily budgets used today, its semantic cache and its
+    content-safety rules, as display text ("" where it sets none)."""
+
+    key: str
+    figures: list[tuple[str, str, str]]
+    cache: str
+    safety: str
 
 
 def aliases() -> list[dict[str, Any]]:
@@ -43,22 +53,25 @@ def _policy(pattern: LoopPattern) -> PatternPolicy | None:
         return None
 
 
-def pattern_quotas(now: datetime | None = None) -> list[QuotaRow]:
-    """Patterns with a daily budget (``policy.budgets.daily``), used today against it."""
+def pattern_policies(now: datetime | None = None) -> list[PatternGateway]:
+    """Patterns with a daily budget (``policy.budgets.daily``, used today against it), a
+    semantic cache or content-safety rules."""
     now = now or datetime.now(UTC)
-    rows: list[tuple[LoopPattern, dict[str, Decimal], str]] = []
+    found: list[tuple[LoopPattern, PatternPolicy, dict[str, Decimal], str]] = []
     for pattern in LoopPattern.objects.order_by("key"):
         policy = _policy(pattern)
-        limits = budget_rules.limits_of(policy.budgets.daily) if policy else {}
-        if limits:
-            rows.append((pattern, limits, budget_rules.daily_scope(pattern.pk, now)))
+        if policy is None:
+            continue
+        limits = budget_rules.limits_of(policy.budgets.daily)
+        if limits or policy.semanticCache.enabled or policy.contentSafety:
+            found.append((pattern, policy, limits, budget_rules.daily_scope(pattern.pk, now)))
     used = {
         (bucket.scope, bucket.metric): bucket.value
-        for bucket in UsageBucket.objects.filter(scope__in=[scope for _, _, scope in rows])
+        for bucket in UsageBucket.objects.filter(scope__in=[row[3] for row in found])
     }
     return [
-        QuotaRow(
-            name=pattern.key,
+        PatternGateway(
+            key=pattern.key,
             figures=[
                 (
                     metric,
@@ -67,10 +80,27 @@ def pattern_quotas(now: datetime | None = None) -> list[QuotaRow]:
                 )
                 for metric, limit in limits.items()
             ],
-            extras={},
+            cache=_cache_text(policy),
+            safety=_safety_text(policy.contentSafety),
         )
-        for pattern, limits, scope in rows
+        for pattern, policy, limits, scope in found
     ]
+
+
+def _cache_text(policy: PatternPolicy) -> str:
+    cache = policy.semanticCache
+    if not cache.enabled:
+        return ""
+    return (
+        f"similarity ≥ {cache.threshold}, kept {cache.ttlSeconds} s, embeddings by "
+        f"{cache.embeddingEndpoint} ({cache.embeddingModel})"
+    )
+
+
+def _safety_text(config: dict[str, Any] | None) -> str:
+    if not config:
+        return ""
+    return f"{len(config.get('input') or [])} input, {len(config.get('output') or [])} output rules"
 
 
 def employee_quotas(now: datetime | None = None) -> list[QuotaRow]:
@@ -89,22 +119,53 @@ def employee_quotas(now: datetime | None = None) -> list[QuotaRow]:
     rows = []
     for employee in sorted(holders, key=lambda e: e.username):
         today = usage.get(employee.username)
-        figures = []
-        if employee.daily_token_quota is not None:
-            used = today.tokens if today else 0
-            figures.append(
-                (
-                    "tokens",
-                    figure_text("tokens", used),
-                    figure_text("tokens", employee.daily_token_quota),
-                )
-            )
-        if employee.daily_cost_quota is not None:
-            cost = today.cost if today else Decimal(0)
-            figures.append(
-                ("cost", figure_text("cost", cost), figure_text("cost", employee.daily_cost_quota))
-            )
-        rows.append(QuotaRow(name=employee.username, figures=figures, extras={}))
+        figures = _figures(
+            employee.daily_token_quota,
+            employee.daily_cost_quota,
+            today.tokens if today else 0,
+            today.cost if today else Decimal(0),
+        )
+        rows.append(QuotaRow(name=employee.username, figures=figures))
+    return rows
+
+
+def _figures(
+    token_quota: int | None, cost_quota: Decimal | None, tokens: int, cost: Decimal
+) -> list[tuple[str, str, str]]:
+    figures = []
+    if token_quota is not None:
+        figures.append(
+            ("tokens", figure_text("tokens", tokens), figure_text("tokens", token_quota))
+        )
+    if cost_quota is not None:
+        figures.append(("cost", figure_text("cost", cost), figure_text("cost", cost_quota)))
+    return figures
+
+
+def token_quotas(now: datetime | None = None) -> list[QuotaRow]:
+    """Live API tokens with a daily quota (named ``user/name (prefix)``), used today."""
+    day = (now or datetime.now(UTC)).astimezone(UTC).date()
+    holders = list(
+        (
+            ApiToken.objects.filter(daily_token_quota__isnull=False)
+            | ApiToken.objects.filter(daily_cost_quota__isnull=False)
+        )
+        .filter(revoked_at__isnull=True)
+        .select_related("user")
+        .order_by("user__username", "name")
+    )
+    usage = {row.token_id: row for row in TokenUsageDay.objects.filter(day=day, token__in=holders)}
+    rows = []
+    for token in holders:
+        today = usage.get(token.pk)
+        figures = _figures(
+            token.daily_token_quota,
+            token.daily_cost_quota,
+            today.tokens if today else 0,
+            today.cost if today else Decimal(0),
+        )
+        name = f"{token.user.get_username()}/{token.name} ({token.prefix})"
+        rows.append(QuotaRow(name=name, figures=figures))
     return rows
 
 

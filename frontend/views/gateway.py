@@ -2,8 +2,9 @@
 
 Model aliases are listed with their rules and the employees they route, and an operator creates,
 replaces or deletes one here (through ``orchestrator.agents.aliases``, as the API's
-``/api/v1/model-aliases``). The daily quotas in force (per pattern, per employee) are shown with
-today's usage, and each employee's chat guardrails, with links to where each is set.
+``/api/v1/model-aliases``). The patterns' gateway policies (daily budgets used today, semantic
+cache, content safety), the daily quotas of employees and API tokens with today's usage, and
+each employee's chat guardrails are shown with links to where each is set.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def _save(actor: str, name: str, **fields: Any) -> ModelAlias:
 def _page(request: HttpRequest, form: AliasForm, status: int = 200) -> HttpResponse:
     context = {
         "aliases": selectors.aliases(),
-        "pattern_quotas": selectors.pattern_quotas(),
+        "patterns": selectors.pattern_policies(),
         "employee_quotas": selectors.employee_quotas(),
+        "token_quotas": selectors.token_quotas(),
         "guardrails": selectors.chat_guardrails(),
         "form": form,
         "can_write": can(request.user, Role.OPERATOR),

@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from gateway.models import TokenUsageDay
 from loops.models import UsageBucket
 from loops.services import budget_rules
 from loops.services.patterns import pattern_create
+from orchestrator.accounts.models import ApiToken
+from orchestrator.accounts.services import api_token_create, user_ensure
 from orchestrator.agents.aliases import alias_create
 from orchestrator.agents.models import Employee, EmployeeUsageDay, ModelAlias
 from orchestrator.agents.services import employee_create, model_endpoint_create
@@ -50,6 +53,10 @@ def test_a_viewer_sees_aliases_and_the_quotas_used_today(
 ) -> None:
     today = datetime.now(UTC)
     EmployeeUsageDay.objects.create(username="ada", day=today.date(), tokens=250)
+    owner = user_ensure(username="client", roles=[])
+    api_token_create(user=owner, name="quota", daily_token_quota=100)
+    token = ApiToken.objects.get(name="quota")
+    TokenUsageDay.objects.create(token=token, day=today.date(), tokens=40)
     employee_create(username="vera", endpoint=routed.endpoint)
     pattern = pattern_create(
         key="nightly",
@@ -57,7 +64,10 @@ def test_a_viewer_sees_aliases_and_the_quotas_used_today(
         goal_template="Do it",
         leader_username="ada",
         verifier_username="vera",
-        policy={"budgets": {"daily": {"tokens": 5000}}},
+        policy={
+            "budgets": {"daily": {"tokens": 5000}},
+            "contentSafety": {"output": [{"name": "words", "kind": "blocklist", "words": ["x"]}]},
+        },
     )
     UsageBucket.objects.create(
         scope=budget_rules.daily_scope(pattern.pk, today), metric="tokens", value=1200
@@ -68,6 +78,8 @@ def test_a_viewer_sees_aliases_and_the_quotas_used_today(
     assert 'href="/employees/ada"' in html
     assert "tokens 250 / 1,000" in html  # the employee's quota
     assert "tokens 1,200 / 5,000" in html  # the pattern's daily budget
+    assert "0 input, 1 output rules" in html  # and its content safety
+    assert "tokens 40 / 100" in html  # the API token's quota
     assert "Save alias" not in html  # a viewer does not write
     employee = page(client_as("viewer").get("/employees/ada"))
     assert "Model alias" in employee and "default-reasoning" in employee
