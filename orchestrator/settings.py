@@ -284,6 +284,9 @@ SKILLHUB: dict[str, Any] = {
         for host in os.environ.get("LOOPWRIGHT_MCP_ALLOWED_HOSTS", "").split(",")
         if host.strip()
     ],
+    # Every MCP request is answered on its own, with no session kept in the process: any web
+    # replica serves any request (no sticky sessions needed).
+    "MCP_STATELESS": env_bool("LOOPWRIGHT_MCP_STATELESS", False),
 }
 
 #: Hard ceilings of every harness compilation (JSON, same schema as a profile's settings).

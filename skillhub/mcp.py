@@ -246,14 +246,19 @@ def _refused(body: bytes) -> JsonRefused | None:
 
 class McpEndpoint:
     """The MCP endpoint's ASGI app. The SDK's session manager runs once per instance, so a new
-    one is made each time the hosting app starts (``running()``, entered by its lifespan)."""
+    one is made each time the hosting app starts (``running()``, entered by its lifespan).
+    Sessions live in that manager (one process) unless ``LOOPWRIGHT_MCP_STATELESS`` is set."""
 
     def __init__(self) -> None:
         self._app: ASGIApp | None = None
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        manager = StreamableHTTPSessionManager(app=mcp_server(), security_settings=_security())
+        manager = StreamableHTTPSessionManager(
+            app=mcp_server(),
+            security_settings=_security(),
+            stateless=settings.SKILLHUB["MCP_STATELESS"],
+        )
         async with manager.run():
             self._app = StreamableHTTPASGIApp(manager)
             try:
