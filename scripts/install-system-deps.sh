@@ -15,6 +15,14 @@ set -euo pipefail
 
 packages=(bubblewrap libseccomp2 util-linux mount coreutils chromium faketime)
 missing=()
+distro=$( . /etc/os-release 2>/dev/null && echo "${ID:-}")
+if [ "$distro" = ubuntu ]; then
+  # Ubuntu has no chromium .deb (its package installs a snap, which Playwright cannot drive
+  # headless as root): the UI browser tests need Debian's or a snap's binary on PATH.
+  packages=(bubblewrap libseccomp2 util-linux mount coreutils faketime)
+  command -v chromium >/dev/null 2>&1 ||
+    echo "note: Ubuntu: install Chromium for the UI browser tests with 'sudo snap install chromium' (they fail without it)" >&2
+fi
 
 installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
@@ -31,6 +39,10 @@ command -v node >/dev/null 2>&1 || missing+=(nodejs)
 if [ "${#missing[@]}" -gt 0 ]; then
   sudo=()
   if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "missing packages: ${missing[*]}; run this script as root (there is no sudo)" >&2
+      exit 1
+    fi
     sudo=(sudo)
   fi
   echo "==> installing: ${missing[*]}"
@@ -50,5 +62,9 @@ fi
 # (sysctl, AppArmor on Ubuntu >= 23.10, a container runtime) and skills will be refused.
 if ! bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/lib64 /lib64 \
   --symlink usr/lib /lib --symlink usr/bin /bin --proc /proc --dev /dev /usr/bin/true; then
-  echo "warning: bubblewrap cannot create namespaces here; see docs/sandbox.md" >&2
+  if [ "$(cat /proc/sys/kernel/apparmor_restrict_unprivileged_userns 2>/dev/null)" = 1 ]; then
+    echo "warning: AppArmor (Ubuntu 23.10+) blocks bubblewrap's user namespaces, so skills are refused: add the bwrap profile of docs/sandbox.md" >&2
+  else
+    echo "warning: bubblewrap cannot create namespaces here; see docs/sandbox.md" >&2
+  fi
 fi

@@ -31,7 +31,25 @@ run_pytest() {  # $1 = label, then the command prefix (env settings) for pytest
   [ "$rc" -eq 0 ] || failed+=("$label (pytest exit $rc)")
 }
 
-pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+# Why PostgreSQL cannot be queried as the suite connects (PG_URL's server and user, its
+# "postgres" database); "" when it can. A refused password is named, not mistaken for a crash.
+pg_problem() {
+  .venv/bin/python - "$PG_URL" <<'EOF' 2>&1
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+url = urlunsplit(urlsplit(sys.argv[1])._replace(path="/postgres"))
+try:
+    with psycopg.connect(url, connect_timeout=3) as connection:
+        connection.execute("SELECT 1")
+except Exception as exc:  # any failure is the answer
+    lines = str(exc).strip().splitlines()
+    print(lines[0] if lines else type(exc).__name__)
+EOF
+}
+pg_up() { [ -z "$(pg_problem)" ]; }
 redis_up() { [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ]; }
 
 start_services() {
@@ -71,7 +89,11 @@ if pg_up && redis_up; then
     LOOPWRIGHT_TEST_PHASE=services \
     DATABASE_URL="$PG_URL" CELERY_BROKER_URL="$REDIS_BASE/2" REDIS_URL="$REDIS_BASE/2"
 else
-  msg="PostgreSQL + Redis suite NOT RUN: no PostgreSQL at 127.0.0.1:5432 or no Redis at 127.0.0.1:6379"
+  why=()
+  problem=$(pg_problem)
+  [ -z "$problem" ] || why+=("PostgreSQL cannot be queried (TEST_POSTGRES_URL): $problem")
+  redis_up || why+=("no Redis answers at 127.0.0.1:6379")
+  msg="PostgreSQL + Redis suite NOT RUN: $(IFS=';'; echo "${why[*]}")"
   skipped+=("$msg")
   [ "${REQUIRE_SERVICES:-0}" = 1 ] && failed+=("$msg (REQUIRE_SERVICES=1)")
 fi
