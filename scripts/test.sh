@@ -75,6 +75,8 @@ step "mypy"
 mypy . || failed+=("mypy")
 step "import contracts (docs/architecture.md)"
 lint-imports --no-cache || failed+=("import contracts")
+step "deploy files (hadolint, kubernetes-validate, compose schema)"
+scripts/check-deploy.sh || failed+=("deploy files")
 
 step "tests on SQLite (embedded default)"
 run_pytest "SQLite suite" env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL \
