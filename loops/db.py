@@ -28,7 +28,7 @@ from django.db.models import Field, Model
 from psycopg.adapt import Transformer
 
 from loops.orm_private import log_query, queries_logged
-from orchestrator.sql import is_postgres
+from orchestrator.sql import is_postgres, statements_unprepared
 
 # --- the choice between a write's paths ---------------------------------------------------------
 
@@ -178,6 +178,28 @@ class _SentTogether(Batch):
         self.sync()
 
 
+class _SentInline(_SentTogether):
+    """:class:`_SentTogether` behind a transaction pooler (``LOOPWRIGHT_DB_POOLER``): the next
+    batch may run on another server session, which never saw this one's ``PREPARE``. Each
+    statement goes out with its arguments rendered in place as literals (by the same adapters,
+    as Django's client-side binding cursor sends every other query); still one round trip."""
+
+    def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        result = Result()
+        pieces = _pieces(sql)
+        if len(pieces) != len(params) + 1:
+            raise TypeError(f"{len(pieces) - 1} placeholders, {len(params)} arguments: {sql!r}")
+        statement = [pieces[0]]
+        literal = self.literal
+        for value, piece in zip(params, pieces[1:], strict=True):
+            statement.append(b"NULL" if value is None else literal(value))
+            statement.append(piece)
+        self.queued.append((b"".join(statement), result))
+        if self.logged:
+            log_query(sql, self.started)
+        return result
+
+
 _TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 #: The statements prepared on each PostgreSQL connection (by name), kept with the connection.
@@ -213,6 +235,26 @@ def _numbered(sql: str) -> str:
 _PLACEHOLDER = re.compile(r"%%|%s")
 
 
+@functools.lru_cache(maxsize=1024)
+def _pieces(sql: str) -> tuple[bytes, ...]:
+    """``sql`` split at its ``%s`` placeholders, each ``%%`` as the ``%`` it stands for (for
+    :class:`_SentInline`, which puts the arguments' literals between the pieces)."""
+    pieces: list[str] = []
+    piece: list[str] = []
+    position = 0
+    for match in _PLACEHOLDER.finditer(sql):
+        piece.append(sql[position : match.start()])
+        position = match.end()
+        if match.group(0) == "%%":
+            piece.append("%")
+        else:
+            pieces.append("".join(piece))
+            piece = []
+    piece.append(sql[position:])
+    pieces.append("".join(piece))
+    return tuple(text.encode() for text in pieces)
+
+
 def _resync_prepared(raw: Any) -> None:
     """After a failed batch: which of our statements the connection really has prepared (a
     statement after the one that failed never ran, its PREPARE included)."""
@@ -234,7 +276,9 @@ def batch() -> Iterator[Batch]:
     rolls the whole transaction back. Elsewhere (SQLite, or inside an atomic block, as in
     tests) the same statements run one by one in ``transaction.atomic()``.
 
-    Every statement runs on the connection Django manages; errors are Django's.
+    Behind a transaction pooler (``LOOPWRIGHT_DB_POOLER``) the statements go unprepared, with
+    their arguments in place (:class:`_SentInline`). Every statement runs on the connection
+    Django manages; errors are Django's.
     """
     if not batches_are_sent_together():
         with transaction.atomic():
@@ -242,13 +286,14 @@ def batch() -> Iterator[Batch]:
         return
     connection.ensure_connection()
     raw = connection.connection
+    unprepared = statements_unprepared()
     with connection.wrap_database_errors:
         try:
-            sent = _SentTogether(raw)
+            sent = _SentInline(raw) if unprepared else _SentTogether(raw)
             yield sent
             sent.commit()
         except BaseException:
             raw.rollback()  # autocommit connection: ROLLBACK only if a transaction is open
-            if not raw.closed:
+            if not raw.closed and not unprepared:
                 _resync_prepared(raw)
             raise

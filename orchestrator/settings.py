@@ -134,6 +134,16 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'loopwright.sqlite3'}"
+#: ``transaction``: DATABASE_URL reaches PostgreSQL through a transaction-pooling proxy
+#: (PgBouncer ``pool_mode = transaction``); empty: a direct connection (docs/operations.md).
+DB_POOLER = os.environ.get("LOOPWRIGHT_DB_POOLER", "").strip().lower()
+if DB_POOLER not in ("", "transaction"):
+    raise ImproperlyConfigured(
+        f"LOOPWRIGHT_DB_POOLER must be empty or 'transaction', not {DB_POOLER!r}"
+    )
+#: A direct connection (not through the pooler) for the live streams' ``LISTEN``; without it,
+#: behind a pooler, streams poll (orchestrator.wakeups).
+LISTEN_DATABASE_URL = os.environ.get("LOOPWRIGHT_LISTEN_DATABASE_URL", "")
 _db: dict[str, Any] = dict(dj_database_url.parse(DATABASE_URL))
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the single writer; IMMEDIATE makes a write transaction take
@@ -160,11 +170,19 @@ else:
     # the frozen process finds its connection gone when it wakes, and its lease is fenced anyway.
     # Nothing of ours keeps a transaction open while it waits (models and tools run outside).
     _idle_tx_ms = int(env_float("LOOPWRIGHT_DB_IDLE_TX_TIMEOUT_SECONDS", 30.0) * 1000)
-    if _idle_tx_ms > 0:
+    # Behind a transaction pooler the startup ``options`` are refused (PgBouncer: "unsupported
+    # startup parameter"); the pooler's own idle_transaction_timeout does this job there.
+    if _idle_tx_ms > 0 and not DB_POOLER:
         _db["OPTIONS"]["options"] = (
             f"{_db['OPTIONS'].get('options', '')} "
             f"-c idle_in_transaction_session_timeout={_idle_tx_ms}"
         ).strip()
+    if DB_POOLER:
+        # Each transaction may run on another server session: nothing may outlive one. No
+        # automatic prepares (psycopg's), no holdable server-side cursors (``.iterator()``); the
+        # SQL-level PREPARE fast paths run their statements unprepared (orchestrator.sql).
+        _db["OPTIONS"]["prepare_threshold"] = None
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 DATABASES = {"default": _db}
 DB_VENDOR = "sqlite" if _db["ENGINE"].endswith("sqlite3") else "postgresql"
 

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from django.db.models.expressions import RawSQL
 
@@ -21,6 +22,14 @@ def is_postgres() -> bool:
     """Every thread's connection is to the one configured database (looked up once: the
     connection proxy's per-thread lookup costs more than the statements it shapes)."""
     return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+
+
+@functools.cache
+def statements_unprepared() -> bool:
+    """Behind a transaction pooler (``LOOPWRIGHT_DB_POOLER``), where each transaction may run on
+    another server session: the fast paths send their statements unprepared (docs/operations.md).
+    Read once, like :func:`is_postgres` (tests that change it clear the cache)."""
+    return bool(getattr(settings, "DB_POOLER", ""))
 
 
 def now_sql() -> str:
@@ -77,11 +86,12 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 def fetch_one_prepared(name: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     """``sql``'s first row. On PostgreSQL outside a transaction, through a statement each
     connection prepares once as ``name`` (its plan is reused: planning a read of many small
-    joins can cost more than running it); elsewhere a plain query. ``sql`` has ``%s``
+    joins can cost more than running it); elsewhere, and behind a transaction pooler
+    (:func:`statements_unprepared`), a plain query. ``sql`` has ``%s``
     placeholders and no other ``%``."""
     if not _NAME.fullmatch(name):
         raise ValueError(f"not a statement name: {name!r}")
-    if not is_postgres() or connection.in_atomic_block:
+    if not is_postgres() or connection.in_atomic_block or statements_unprepared():
         return _fetch_one(sql, params)
     connection.ensure_connection()
     raw = connection.connection

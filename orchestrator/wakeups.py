@@ -12,7 +12,9 @@ dedicated connection that ``LISTEN``\\s on the channel and wakes the waiters sub
 run's topic (:func:`run_topic`) and to :data:`ANY_RUN`. While it is not listening (starting,
 reconnecting after an error) streams poll; once it listens again every waiter is woken, because
 notifications sent in between were lost. The listening connection is checked with ``SELECT 1``
-every :data:`CHECK_SECONDS` (a connection that died quietly would otherwise look idle).
+every :data:`CHECK_SECONDS` (a connection that died quietly would otherwise look idle). Behind a
+transaction pooler the hub listens on ``LOOPWRIGHT_LISTEN_DATABASE_URL`` (a direct connection),
+and without one there is no hub: streams poll, as on SQLite (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from orchestrator.sql import is_postgres
@@ -280,9 +283,15 @@ _hub: Hub | None = None
 _hub_lock = threading.Lock()
 
 
-def _listener_params() -> dict[str, Any]:
+def _listener_params() -> dict[str, Any] | None:
     """The default database's connection parameters, as Django would connect, without the
-    options that only Django's own cursor understands."""
+    options that only Django's own cursor understands; ``LOOPWRIGHT_LISTEN_DATABASE_URL`` when
+    set. None behind a transaction pooler without it: a ``LISTEN`` needs a session of its own,
+    which a transaction pooler does not give (streams poll instead, docs/operations.md)."""
+    if settings.LISTEN_DATABASE_URL:
+        return {"conninfo": settings.LISTEN_DATABASE_URL, "connect_timeout": 5}
+    if settings.DB_POOLER:
+        return None
     params = dict(connections[DEFAULT_DB_ALIAS].get_connection_params())
     for key in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(key, None)
@@ -300,7 +309,8 @@ def hub_stop() -> None:
 
 
 def hub() -> Hub | None:
-    """This process's hub, started on first use; None where there is none (SQLite)."""
+    """This process's hub, started on first use; None where there is none (SQLite, a
+    transaction pooler without a direct listening URL)."""
     global _hub
     if _hub is not None:  # the common case, without a lock or a connection lookup
         return _hub
@@ -308,6 +318,9 @@ def hub() -> Hub | None:
         return None
     with _hub_lock:
         if _hub is None:
-            _hub = Hub(_listener_params())
+            params = _listener_params()
+            if params is None:
+                return None
+            _hub = Hub(params)
             _hub.thread.start()
         return _hub

@@ -11,15 +11,16 @@
 #   nodejs        the interpreter Node.js skills run with (/usr/bin/node), only if no node exists
 #   chromium      the browser of the UI tests (Playwright drives Debian's build; no downloads)
 #   faketime      skewed worker clocks in the lease clock-skew test (D5), so it runs, not skips
+#   pgbouncer     the suite through a transaction pooler (scripts/pgbouncer-suite.sh)
 set -euo pipefail
 
-packages=(bubblewrap libseccomp2 util-linux mount coreutils chromium faketime)
+packages=(bubblewrap libseccomp2 util-linux mount coreutils chromium faketime pgbouncer)
 missing=()
 distro=$( . /etc/os-release 2>/dev/null && echo "${ID:-}")
 if [ "$distro" = ubuntu ]; then
   # Ubuntu has no chromium .deb (its package installs a snap, which Playwright cannot drive
   # headless as root): the UI browser tests need Debian's or a snap's binary on PATH.
-  packages=(bubblewrap libseccomp2 util-linux mount coreutils faketime)
+  packages=(bubblewrap libseccomp2 util-linux mount coreutils faketime pgbouncer)
   command -v chromium >/dev/null 2>&1 ||
     echo "note: Ubuntu: install Chromium for the UI browser tests with 'sudo snap install chromium' (they fail without it)" >&2
 fi

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from django.apps import apps as django_apps
+from django.db import DEFAULT_DB_ALIAS, connections
 from rest_framework.test import APIClient
 
 from loops import db
@@ -15,6 +16,7 @@ from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from tests.support.approvals import http_reply
 from tests.support.model_server import ModelServer
+from tests.support.pgbouncer import release_database
 from tests.support.phases import deselect_server_agnostic
 from tests.support.write_paths import EXACT, FAST
 
@@ -30,9 +32,11 @@ PERSONAS: dict[str, tuple[Role, ...]] = {
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's test database; the live streams' wake-up hub (its own connection to the
-    database, ``orchestrator.wakeups``) is stopped before the database is dropped."""
+    database, ``orchestrator.wakeups``) is stopped before the database is dropped, and so are
+    PgBouncer's connections to it when the suite runs through one (scripts/pgbouncer-suite.sh)."""
     yield
     wakeups.hub_stop()
+    release_database(connections[DEFAULT_DB_ALIAS].settings_dict["NAME"])
 
 
 @pytest.fixture
