@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 import subprocess
 import threading
 import time
@@ -16,13 +15,13 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-import uvicorn
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types.a2a_pb2 import AgentCard, Message, Part, Role, SendMessageRequest
 from google.protobuf import json_format, struct_pb2
 
 from orchestrator.accounts.roles import Role as LoopwrightRole
 from orchestrator.accounts.services import api_token_create, user_ensure
+from tests.support.asgi_server import uvicorn_thread
 
 T = TypeVar("T")
 
@@ -38,20 +37,8 @@ def server(seeded_profiles: None, monkeypatch: pytest.MonkeyPatch, settings: Any
     settings.LOOPWRIGHT_A2A = {"POLL_SECONDS": 0.1, "WAIT_SECONDS": 60.0}
     # Django closes a request's connection at its end only with CONN_MAX_AGE 0.
     monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 0)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    instance = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=instance.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not instance.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    instance.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with uvicorn_thread(application) as url:
+        yield url
     gc.unfreeze()  # the app's lifespan froze this (test) process's heap: give it back
 
 

@@ -5,21 +5,19 @@ processes have), served by uvicorn on loopback and called over raw streamable HT
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from skillhub.mcp import mcp_asgi
 from skillhub.models import Skill
+from tests.support.asgi_server import uvicorn_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 ACCEPT = "application/json, text/event-stream"
@@ -57,31 +55,12 @@ def replicas(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[str]
     from django.db import connections
 
     monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 0)
-    servers: list[tuple[uvicorn.Server, threading.Thread, socket.socket]] = []
+    with contextlib.ExitStack() as servers:
 
-    def start() -> list[str]:
-        urls = []
-        for _ in range(2):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            instance = uvicorn.Server(
-                uvicorn.Config(_replica_app(), log_level="warning", lifespan="on")
-            )
-            thread = threading.Thread(target=instance.run, kwargs={"sockets": [sock]}, daemon=True)
-            thread.start()
-            deadline = time.monotonic() + 30
-            while not instance.started:
-                assert time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.05)
-            servers.append((instance, thread, sock))
-            urls.append(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp")
-        return urls
+        def start() -> list[str]:
+            return [servers.enter_context(uvicorn_thread(_replica_app())) + "/mcp" for _ in "ab"]
 
-    yield start
-    for instance, thread, sock in servers:
-        instance.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+        yield start
 
 
 def _answer(response: httpx2.Response) -> dict[str, Any]:

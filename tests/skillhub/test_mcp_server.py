@@ -8,15 +8,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -26,6 +22,7 @@ from orchestrator.accounts.services import api_token_create, user_ensure
 from skillhub.models import Skill, SkillExecution
 from skillhub.services.skills import skill_create
 from tests.skillhub.conftest import NODE_UPPER, NUMBERS, TEXT, SkillsWorker
+from tests.support.asgi_server import uvicorn_thread
 
 pytestmark = [
     pytest.mark.e2e,
@@ -50,21 +47,8 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     # server's threads would keep sessions open on the test database past the test.
     monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 0)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(application, log_level="warning", lifespan="on")
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not instance.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    instance.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with uvicorn_thread(application) as url:
+        yield url
     gc.unfreeze()  # the app's lifespan froze this (test) process's heap: give it back
 
 
