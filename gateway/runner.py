@@ -27,7 +27,7 @@ from gateway import services, tracing
 from gateway.access import PROFILES, Prepared
 from gateway.errors import OpenAIError
 from gateway.models import new_completion_id
-from gateway.token_quotas import TokenQuotaSpent, token_quota_spent, token_usage_add
+from gateway.token_quotas import token_quota_spent, token_usage_add
 from gateway.validation import CompletionRequest
 from orchestrator.agents.quotas import QuotaSpent, quota_charge, quota_spent
 from orchestrator.agents.subagent_host import agent_tools_register
@@ -291,7 +291,7 @@ async def guard_quota(chat: Chat) -> None:
     calling token's daily quota (read with the request, no query) or the employee's is used up
     (the request is recorded as blocked)."""
     token = chat.prepared.token_quota
-    spent: TokenQuotaSpent | QuotaSpent | None = None
+    spent: QuotaSpent | None = None
     if token is not None:
         spent = token_quota_spent(token)
     quota = chat.prepared.profile.quota

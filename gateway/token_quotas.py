@@ -16,16 +16,10 @@ from typing import Any
 
 from django.utils import timezone
 
+from gateway.models import TokenUsageDay
 from orchestrator.accounts.models import TOKEN_PREFIX
-from orchestrator.sql import execute
-
-#: One statement on PostgreSQL and SQLite alike (both know ``ON CONFLICT ... DO UPDATE``).
-_UPSERT = (
-    "INSERT INTO gateway_tokenusageday (token_id, day, tokens, cost) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (token_id, day) DO UPDATE SET "
-    "tokens = gateway_tokenusageday.tokens + excluded.tokens, "
-    "cost = gateway_tokenusageday.cost + excluded.cost"
-)
+from orchestrator.agents.quotas import QuotaSpent, first_spent
+from orchestrator.sql import usage_day_add
 
 
 def usage_day(now: datetime) -> date:
@@ -68,42 +62,12 @@ class TokenQuota:
         )
 
 
-@dataclass(frozen=True)
-class TokenQuotaSpent:
-    """A used-up token quota: which, how much was used, and when it resets."""
-
-    prefix: str
-    metric: str  # "tokens" | "cost"
-    used: Decimal
-    limit: Decimal
-    resets_at: datetime
-
-    def message(self) -> str:
-        shown = (
-            f"{self.limit:,.4f}".rstrip("0").rstrip(".")
-            if self.metric == "cost"
-            else f"{int(self.limit):,}"
-        )
-        return (
-            f'API token "{TOKEN_PREFIX}_{self.prefix}_…" has used its daily {self.metric} quota '
-            f"({shown}; {self.used.normalize():,f} today); it resets at "
-            f"{self.resets_at.isoformat()}"
-        )
-
-    def retry_after_seconds(self, now: datetime | None = None) -> int:
-        return max(1, int((self.resets_at - (now or timezone.now())).total_seconds()) + 1)
-
-
-def token_quota_spent(quota: TokenQuota) -> TokenQuotaSpent | None:
+def token_quota_spent(quota: TokenQuota) -> QuotaSpent | None:
     """The first of the token's quotas used up on the day it was read for, if any (no query)."""
     start = datetime(quota.day.year, quota.day.month, quota.day.day, tzinfo=UTC)
-    resets_at = start + timedelta(days=1)
-    if quota.tokens is not None and quota.used_tokens >= quota.tokens:
-        used, limit = Decimal(quota.used_tokens), Decimal(quota.tokens)
-        return TokenQuotaSpent(quota.prefix, "tokens", used, limit, resets_at)
-    if quota.cost is not None and quota.used_cost >= quota.cost:
-        return TokenQuotaSpent(quota.prefix, "cost", quota.used_cost, quota.cost, resets_at)
-    return None
+    holder = f'API token "{TOKEN_PREFIX}_{quota.prefix}_…"'
+    used = (Decimal(quota.used_tokens), quota.used_cost)
+    return first_spent("token", holder, (quota.tokens, quota.cost), used, start + timedelta(days=1))
 
 
 def token_usage_add(
@@ -115,4 +79,5 @@ def token_usage_add(
         return
     day = usage_day(now or timezone.now())
     amount = _amount(cost).quantize(Decimal("0.000001"))  # the column's places
-    execute(_UPSERT, [token_id, day.isoformat(), max(0, tokens), amount])
+    table = TokenUsageDay._meta.db_table
+    usage_day_add(table, "token_id", token_id, day.isoformat(), max(0, tokens), amount)

@@ -129,6 +129,19 @@ def execute(sql: str, params: Sequence[Any]) -> int:
         return cursor.rowcount
 
 
+def usage_day_add(table: str, key_column: str, key: Any, day: str, tokens: int, cost: Any) -> None:
+    """Add ``tokens`` and ``cost`` to the ``(key_column, day)`` row of a daily usage ``table``
+    (columns ``tokens``, ``cost``; unique on the pair), made when missing: one atomic upsert on
+    PostgreSQL and SQLite alike (both know ``ON CONFLICT ... DO UPDATE``). ``table`` and
+    ``key_column`` are the caller's constants, never input."""
+    execute(
+        f"INSERT INTO {table} ({key_column}, day, tokens, cost) VALUES (%s, %s, %s, %s) "  # noqa: S608
+        f"ON CONFLICT ({key_column}, day) DO UPDATE SET "
+        f"tokens = {table}.tokens + excluded.tokens, cost = {table}.cost + excluded.cost",
+        [key, day, tokens, cost],
+    )
+
+
 def time_in(seconds: float) -> RawSQL:
     """``now + seconds`` on the database clock, for ``update()``."""
     return RawSQL(now_plus_sql(), [seconds_param(seconds)])  # noqa: S611 - constant SQL

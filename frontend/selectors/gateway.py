@@ -4,6 +4,7 @@ guardrails. Read-only; every figure comes from the rows the enforcing code reads
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -72,14 +73,7 @@ def pattern_policies(now: datetime | None = None) -> list[PatternGateway]:
     return [
         PatternGateway(
             key=pattern.key,
-            figures=[
-                (
-                    metric,
-                    figure_text(metric, used.get((scope, metric), Decimal(0))),
-                    figure_text(metric, limit),
-                )
-                for metric, limit in limits.items()
-            ],
+            figures=_figures(limits, {metric: used.get((scope, metric)) for metric in limits}),
             cache=_cache_text(policy),
             safety=_safety_text(policy.contentSafety),
         )
@@ -119,27 +113,22 @@ def employee_quotas(now: datetime | None = None) -> list[QuotaRow]:
     rows = []
     for employee in sorted(holders, key=lambda e: e.username):
         today = usage.get(employee.username)
-        figures = _figures(
-            employee.daily_token_quota,
-            employee.daily_cost_quota,
-            today.tokens if today else 0,
-            today.cost if today else Decimal(0),
-        )
-        rows.append(QuotaRow(name=employee.username, figures=figures))
+        limits = {"tokens": employee.daily_token_quota, "cost": employee.daily_cost_quota}
+        rows.append(QuotaRow(name=employee.username, figures=_figures(limits, _used(today))))
     return rows
 
 
-def _figures(
-    token_quota: int | None, cost_quota: Decimal | None, tokens: int, cost: Decimal
-) -> list[tuple[str, str, str]]:
-    figures = []
-    if token_quota is not None:
-        figures.append(
-            ("tokens", figure_text("tokens", tokens), figure_text("tokens", token_quota))
-        )
-    if cost_quota is not None:
-        figures.append(("cost", figure_text("cost", cost), figure_text("cost", cost_quota)))
-    return figures
+def _figures(limits: Mapping[str, Any], used: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(metric, used today, limit)`` as display text, for each metric with a limit."""
+    return [
+        (metric, figure_text(metric, used.get(metric) or 0), figure_text(metric, limit))
+        for metric, limit in limits.items()
+        if limit is not None
+    ]
+
+
+def _used(today: EmployeeUsageDay | TokenUsageDay | None) -> dict[str, Any]:
+    return {"tokens": today.tokens, "cost": today.cost} if today else {}
 
 
 def token_quotas(now: datetime | None = None) -> list[QuotaRow]:
@@ -158,14 +147,9 @@ def token_quotas(now: datetime | None = None) -> list[QuotaRow]:
     rows = []
     for token in holders:
         today = usage.get(token.pk)
-        figures = _figures(
-            token.daily_token_quota,
-            token.daily_cost_quota,
-            today.tokens if today else 0,
-            today.cost if today else Decimal(0),
-        )
+        limits = {"tokens": token.daily_token_quota, "cost": token.daily_cost_quota}
         name = f"{token.user.get_username()}/{token.name} ({token.prefix})"
-        rows.append(QuotaRow(name=name, figures=figures))
+        rows.append(QuotaRow(name=name, figures=_figures(limits, _used(today))))
     return rows
 
 

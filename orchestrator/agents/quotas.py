@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import F
 from django.utils import timezone
 
 from orchestrator.agents.models import EmployeeUsageDay
+from orchestrator.sql import usage_day_add
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,11 @@ class EmployeeQuota:
 
 @dataclass(frozen=True)
 class QuotaSpent:
-    """A used-up quota: which, how much was used, and when it resets."""
+    """A used-up daily quota: whose (``kind``: ``employee``, ``token``; ``holder`` as named in
+    the message), which metric, how much was used, and when it resets."""
 
-    username: str
+    kind: str
+    holder: str
     metric: str
     used: Decimal
     limit: Decimal
@@ -45,7 +47,7 @@ class QuotaSpent:
 
     @property
     def code(self) -> str:
-        return f"quota:employee:{self.metric}"
+        return f"quota:{self.kind}:{self.metric}"
 
     def message(self) -> str:
         shown = (
@@ -54,7 +56,7 @@ class QuotaSpent:
             else (f"{int(self.limit):,}")
         )
         return (
-            f'employee "{self.username}" has used its daily {self.metric} quota ({shown}; '
+            f"{self.holder} has used its daily {self.metric} quota ({shown}; "
             f"{self.used.normalize():,f} today); it resets at {self.resets_at.isoformat()}"
         )
 
@@ -78,29 +80,31 @@ def quota_spent(quota: EmployeeQuota, now: datetime | None = None) -> QuotaSpent
         .first()
     )
     tokens, cost = (Decimal(row[0]), Decimal(row[1])) if row else (Decimal(0), Decimal(0))
-    if quota.tokens is not None and tokens >= quota.tokens:
-        return QuotaSpent(quota.username, "tokens", tokens, Decimal(quota.tokens), end)
-    if quota.cost is not None and cost >= quota.cost:
-        return QuotaSpent(quota.username, "cost", cost, quota.cost, end)
+    holder = f'employee "{quota.username}"'
+    return first_spent("employee", holder, (quota.tokens, quota.cost), (tokens, cost), end)
+
+
+def first_spent(
+    kind: str,
+    holder: str,
+    limits: tuple[int | None, Decimal | None],
+    used: tuple[Decimal, Decimal],
+    resets_at: datetime,
+) -> QuotaSpent | None:
+    """The first of the ``limits`` (tokens, cost; None: no quota) that ``used`` reached."""
+    for metric, limit, amount in zip(("tokens", "cost"), limits, used, strict=True):
+        if limit is not None and amount >= limit:
+            return QuotaSpent(kind, holder, metric, amount, Decimal(limit), resets_at)
     return None
 
 
 def quota_charge(
     username: str, *, tokens: int, cost: float | Decimal, now: datetime | None = None
 ) -> None:
-    """Add one model call's tokens and cost to the employee's day."""
+    """Add one model call's tokens and cost to the employee's day (one atomic upsert)."""
     if not tokens and not cost:
         return
     day = _day(now or timezone.now())[0].date()
-    amount = Decimal(str(cost))
-    updated = EmployeeUsageDay.objects.filter(username=username, day=day).update(
-        tokens=F("tokens") + tokens, cost=F("cost") + amount
-    )
-    if not updated:
-        _, created = EmployeeUsageDay.objects.get_or_create(
-            username=username, day=day, defaults={"tokens": tokens, "cost": amount}
-        )
-        if not created:  # a parallel call made the row first
-            EmployeeUsageDay.objects.filter(username=username, day=day).update(
-                tokens=F("tokens") + tokens, cost=F("cost") + amount
-            )
+    amount = Decimal(str(cost)).quantize(Decimal("0.000001"))  # the column's places
+    table = EmployeeUsageDay._meta.db_table
+    usage_day_add(table, "username", username, day.isoformat(), tokens, amount)

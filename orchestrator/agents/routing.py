@@ -167,10 +167,13 @@ class RouteTable:
     build_client: Callable[[EndpointConfig], ModelClient]
     _routes: dict[tuple[int, tuple[str, ...]], ModelRoute] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _prices: dict[str, tuple[Decimal, Decimal]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._prices = {name: target.prices for name, target in self.targets.items()}
 
     def route(self, *, pattern: str, role: str) -> ModelRoute | None:
-        prices = {name: target.prices for name, target in self.targets.items()}
-        picked = pick_rule(self.rules, pattern=pattern, role=role, prices=prices)
+        picked = pick_rule(self.rules, pattern=pattern, role=role, prices=self._prices)
         if picked is None:
             return None
         index, names = picked
