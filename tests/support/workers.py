@@ -42,14 +42,17 @@ class WorkerProcess:
             self.proc = self._spawn(env, log)
         return self
 
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", "orchestrator", "worker", "-Q", "loops",
+            "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle",
+            "--without-heartbeat", "-l", "INFO", "-n", f"{self.name}@%h",
+        ]  # fmt: skip
+
     def _spawn(self, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", "orchestrator", "worker", "-Q", "loops",
-                "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-l", "INFO", "-n", f"{self.name}@%h",
-            ],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
 
     def is_ready(self) -> bool:
