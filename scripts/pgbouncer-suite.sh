@@ -3,6 +3,7 @@
 # LOOPWRIGHT_DB_POOLER=transaction (docs/operations.md, "PgBouncer").
 #
 #   scripts/pgbouncer-suite.sh                              # the engine and end-to-end tests
+#   scripts/pgbouncer-suite.sh --ci                         # the subset `make test` runs (~1 min)
 #   scripts/pgbouncer-suite.sh tests/loops/test_claims.py   # any pytest arguments
 #   PYTEST_WORKERS=1 scripts/pgbouncer-suite.sh ...          # xdist workers (default 2)
 #
@@ -31,6 +32,20 @@ if [ -z "$port" ]; then
   exit 1
 fi
 echo "pgbouncer (transaction pooling) on 127.0.0.1:$port in front of $UPSTREAM"
+# The subset `make test` runs: every fast path of the engine (claims, journal writes, ends,
+# budgets, approvals, lock waits, the unprepared batches) and real worker processes end to end.
+CI_SUBSET=(
+  tests/loops/test_claims.py tests/loops/test_claim_starts_runs.py tests/loops/test_write_paths.py
+  tests/loops/test_db_batch.py tests/loops/test_journal_numbering.py tests/loops/test_resume_reads.py
+  tests/loops/test_transitions.py tests/loops/test_budgets.py tests/loops/test_budgets_concurrency.py
+  tests/loops/test_run_endings.py tests/loops/test_approvals.py tests/loops/test_lock_waits.py
+  tests/loops/test_driver_poll.py tests/test_sql_prepared.py tests/test_operations_pooler.py
+  tests/e2e/test_engine_e2e.py tests/e2e/test_approvals_e2e.py tests/e2e/test_worker_smoke.py
+)
+if [ "${1:-}" = "--ci" ]; then
+  shift
+  set -- "${CI_SUBSET[@]}" "$@"
+fi
 [ $# -gt 0 ] || set -- tests/loops tests/e2e tests/test_sql_prepared.py tests/test_operations_pooler.py
 env LOOPWRIGHT_VAR_DIR="$PWD/var/test-pgbouncer" LOOPWRIGHT_TEST_PHASE=services \
   LOOPWRIGHT_DB_POOLER=transaction \

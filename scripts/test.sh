@@ -90,6 +90,16 @@ if pg_up && redis_up; then
   run_pytest "PostgreSQL + Redis suite" env LOOPWRIGHT_VAR_DIR="$PWD/var/test-postgres" \
     LOOPWRIGHT_TEST_PHASE=services \
     DATABASE_URL="$PG_URL" CELERY_BROKER_URL="$REDIS_BASE/2" REDIS_URL="$REDIS_BASE/2"
+  # The engine's fast paths and real workers again, through a real PgBouncer in transaction
+  # pooling (docs/operations.md); the whole engine and e2e suite: scripts/pgbouncer-suite.sh.
+  if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+    step "engine and end-to-end tests through PgBouncer (transaction pooling, a subset)"
+    scripts/pgbouncer-suite.sh --ci ${PYTEST_ARGS:-} || failed+=("PgBouncer subset")
+  else
+    msg="PgBouncer subset NOT RUN: pgbouncer is not installed (scripts/install-system-deps.sh)"
+    skipped+=("$msg")
+    [ "${REQUIRE_SERVICES:-0}" = 1 ] && failed+=("$msg (REQUIRE_SERVICES=1)")
+  fi
 else
   why=()
   problem=$(pg_problem)
