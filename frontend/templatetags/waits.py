@@ -38,12 +38,17 @@ def duration_text(seconds: float) -> str:
 
 
 def lock_text(detail: Mapping[str, Any]) -> str:
-    """``path lock on src/app.py held by run 01a23c5c``."""
+    """``path lock on src/app.py held by run 01a23c5c, queued behind run 0b3c4d5e`` (runs that
+    waited longer for the same paths are served first)."""
     paths = list(detail.get("paths") or [])
     holders = [_run(r) for r in detail.get("held_by") or []]
+    ahead = [_run(r) for r in detail.get("ahead") or []]
     text = f"path lock{'s' if len(paths) > 1 else ''} on {', '.join(paths) or '?'}"
     if holders:
         text += f" held by run{'s' if len(holders) > 1 else ''} {', '.join(holders)}"
+    if ahead:
+        text += f"{',' if holders else ''} queued behind run{'s' if len(ahead) > 1 else ''} "
+        text += ", ".join(ahead)
     return text
 
 

@@ -161,7 +161,9 @@ def prepare(lease: Lease, run: RunState, lock_retry_seconds: float) -> str:
     repo_key = run.repository.get("repositoryKey") or ""
     paths = list(run.repository.get("actingOn") or [])
     if repo_key and paths:
-        conflicts = path_locks_acquire(run_id=run.id, repository_key=repo_key, paths=paths)
+        conflicts = path_locks_acquire(
+            run_id=run.id, repository_key=repo_key, paths=paths, wait=run.wait
+        )
         if conflicts:
             return _park_for_lock(lease, run, conflicts, lock_retry_seconds)
     target = RunStatus.VERIFYING if run.cursor.get("phase") == "verifier" else RunStatus.RUNNING

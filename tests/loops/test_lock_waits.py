@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from frontend.templatetags.waits import lock_text
 from loops.models import LoopEvent, LoopRun, PathLock, RunStatus
 from loops.services.claims import run_claim
 from loops.services.claims_failures import run_driver_error
@@ -20,7 +21,7 @@ from loops.services.endings import run_transition
 from loops.services.runs import run_act
 from loops.worker.engine import _load_and_prepare
 from tests.support.factories import make_run
-from tests.support.lock_waits import held_and_waiting, poll
+from tests.support.lock_waits import REPO, held_and_waiting, poll
 from tests.support.write_paths import both_write_paths
 
 
@@ -177,3 +178,34 @@ def test_attempts_spent_within_a_wait_count_only_the_current_streak() -> None:
     counts = Counter(types(waiter))
     assert (counts["lease.claimed"], counts["lock.waiting"], counts["wait.ended"]) == (2, 1, 1)
     seqs_are_dense(waiter)
+
+
+@both_write_paths
+def test_locks_are_granted_in_arrival_order() -> None:
+    """A run that waited longer for a path gets it first, even when a newer run polls first;
+    a newcomer wanting other paths is not held up."""
+    holder, first = held_and_waiting()
+    second = make_run(
+        first.pattern, repository_snapshot={**REPO, "actingOn": ["src"]}, policy_snapshot={}
+    )
+    elsewhere = make_run(
+        first.pattern, repository_snapshot={**REPO, "actingOn": ["docs"]}, policy_snapshot={}
+    )
+    start = now()
+    assert poll(first, start) == RunStatus.WAITING_LOCK
+    assert poll(second, start + timedelta(seconds=1)) == RunStatus.WAITING_LOCK
+    second.refresh_from_db()
+    assert second.wait["detail"]["held_by"] == [str(holder.id)]
+    assert second.wait["detail"]["ahead"] == [str(first.id)]
+
+    run_transition(run_id=holder.id, to=RunStatus.CANCELED, actor="op")  # frees src
+    assert poll(second, start + timedelta(seconds=2)) == RunStatus.WAITING_LOCK  # first is ahead
+    second.refresh_from_db()
+    assert second.wait["detail"]["held_by"] == [] and second.wait["polls"] == 2
+    assert lock_text(second.wait["detail"]) == (
+        f"path lock on src queued behind run {str(first.id)[:8]}"
+    )
+    assert poll(elsewhere, start + timedelta(seconds=2)) == RunStatus.SUCCEEDED
+    assert poll(first, start + timedelta(seconds=3)) == RunStatus.SUCCEEDED
+    assert poll(second, start + timedelta(seconds=4)) == RunStatus.SUCCEEDED
+    assert types(second).count("lock.waiting") == 1
