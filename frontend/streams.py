@@ -39,7 +39,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from frontend.access import ui_view
-from frontend.selectors import approvals, runs
+from frontend.selectors import approvals, monitor, runs
 from frontend.selectors.waterfall import run_waterfall
 from frontend.views.approvals import queue_context
 from frontend.views.runs import run_header_context
@@ -94,7 +94,7 @@ class RunsFeed:
     """Runs that changed (new events or steps) since the cursor, and the waiting counts."""
 
     def __init__(
-        self, request: HttpRequest, filters: runs.RunFilters, cursor: runs.ChangeCursor
+        self, request: HttpRequest, filters: monitor.RunFilters, cursor: runs.ChangeCursor
     ) -> None:
         self.request = request
         self.filters = filters
@@ -323,7 +323,7 @@ def event_stream(request: HttpRequest, feed: sse.Feed, wake: Wake) -> StreamingH
 @ui_view()
 def runs_stream(request: HttpRequest) -> StreamingHttpResponse:
     """The monitor's live feed; the same filters as the page (``status``, ``pattern``...)."""
-    filters = runs.RunFilters.from_query(request.GET)
+    filters = monitor.RunFilters.from_query(request.GET)
     cursor = runs.ChangeCursor.decode(sse.last_event_id(request, "since"))
     feed = RunsFeed(request, filters, cursor or runs.change_cursor_now())
     return event_stream(request, feed, ANY_RUN)

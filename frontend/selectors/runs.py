@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db.models import (
+    CharField,
     Count,
     DecimalField,
     F,
@@ -19,7 +20,7 @@ from django.db.models import (
     Subquery,
     Sum,
 )
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Substr
 from django.http import Http404
 
 from frontend.selectors.budgets import attach_row_budgets
@@ -38,13 +39,10 @@ from loops.models import (
 _LIST_DEFER = ("harness_snapshots", "policy_snapshot", "cursor", "result", "inputs", "goal")
 TRIGGER_CHOICES = [*TriggerType.values, "retry"]
 WAITING = (RunStatus.WAITING_APPROVAL, RunStatus.WAITING_HUMAN)
-IN_FLIGHT = (
-    RunStatus.PREPARING,
-    RunStatus.WAITING_LOCK,
-    RunStatus.RUNNING,
-    RunStatus.WAITING_APPROVAL,
-    RunStatus.VERIFYING,
-)
+#: Runs a worker is driving now; a run parked on a human or a lock is not in flight.
+IN_FLIGHT = (RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.VERIFYING)
+#: How much of a run's goal a runs table reads (the column can be long).
+GOAL_HEAD_CHARS = 160
 
 
 def parse_run_id(value: str) -> uuid.UUID:
@@ -53,58 +51,6 @@ def parse_run_id(value: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise Http404(f"{value!r} is not a run id.") from None
-
-
-@dataclass(frozen=True)
-class RunFilters:
-    """The monitor's filters, from GET parameters; unknown values are ignored, not trusted."""
-
-    status: str = ""
-    pattern: str = ""
-    trigger: str = ""
-    before: uuid.UUID | None = None
-
-    @classmethod
-    def from_query(cls, query: Mapping[str, str]) -> RunFilters:
-        status = query.get("status", "")
-        trigger = query.get("trigger", "")
-        before = None
-        if query.get("before"):
-            try:
-                before = uuid.UUID(query["before"])
-            except ValueError:
-                before = None
-        return cls(
-            status=status if status in RunStatus.values else "",
-            pattern=query.get("pattern", "")[:100],
-            trigger=trigger if trigger in TRIGGER_CHOICES else "",
-            before=before,
-        )
-
-    @property
-    def active(self) -> bool:
-        return bool(self.status or self.pattern or self.trigger)
-
-    def apply(self, runs: QuerySet[LoopRun]) -> QuerySet[LoopRun]:
-        if self.status:
-            runs = runs.filter(status=self.status)
-        if self.pattern:
-            runs = runs.filter(pattern__key=self.pattern)
-        if self.trigger:
-            runs = runs.filter(trigger_type=self.trigger)
-        return runs
-
-    def matches(self, run: LoopRun) -> bool:
-        return (
-            (not self.status or run.status == self.status)
-            and (not self.pattern or run.pattern.key == self.pattern)
-            and (not self.trigger or run.trigger_type == self.trigger)
-        )
-
-    def query(self) -> dict[str, str]:
-        """The filters as GET parameters (for links and the live stream's URL)."""
-        pairs = {"status": self.status, "pattern": self.pattern, "trigger": self.trigger}
-        return {k: v for k, v in pairs.items() if v}
 
 
 def _step_sum(column: str, output: IntegerField | DecimalField) -> Subquery:
@@ -119,7 +65,8 @@ def _step_sum(column: str, output: IntegerField | DecimalField) -> Subquery:
 
 
 def runs_for_table() -> QuerySet[LoopRun]:
-    """Runs with their pattern and usage totals (per-run subqueries, no GROUP BY on runs)."""
+    """Runs with their pattern, usage totals, the start of their goal and their latest step
+    (per-run subqueries, no GROUP BY on runs)."""
     return (
         LoopRun.objects.select_related("pattern")
         .defer(*_LIST_DEFER)
@@ -129,8 +76,18 @@ def runs_for_table() -> QuerySet[LoopRun]:
             cost_total=_step_sum("cost", DecimalField(max_digits=20, decimal_places=6)),
             pending_approvals=_pending_approvals(),
             per_run_budget=F("policy_snapshot__budgets__perRun"),
+            goal_head=Substr("goal", 1, GOAL_HEAD_CHARS),
+            current_invocation=_last_step("invocation"),
+            current_step=_last_step("name"),
+            current_step_kind=_last_step("kind"),
         )
     )
+
+
+def _last_step(column: str) -> Subquery:
+    """A column of the run's latest step (a subquery on the (run, seq) key, no GROUP BY)."""
+    last = LoopStep.objects.filter(run=OuterRef("pk")).order_by("-seq").values(column)[:1]
+    return Subquery(last, output_field=CharField())
 
 
 def _pending_approvals() -> Coalesce:
@@ -152,17 +109,6 @@ def with_budgets(runs: list[LoopRun]) -> list[LoopRun]:
     return runs
 
 
-def runs_for_monitor(filters: RunFilters, limit: int) -> list[LoopRun]:
-    """Newest runs first, ``limit`` of them, older than ``filters.before`` when set."""
-    runs = filters.apply(runs_for_table()).order_by("-created_at", "-id")
-    if filters.before is not None:
-        anchor = LoopRun.objects.filter(pk=filters.before).values("created_at").first()
-        if anchor is not None:
-            runs = runs.filter(created_at__lte=anchor["created_at"]).exclude(pk=filters.before)
-            runs = runs.exclude(created_at=anchor["created_at"], id__gt=filters.before)
-    return with_budgets(list(runs[:limit]))
-
-
 def runs_by_ids(run_ids: Iterable[uuid.UUID]) -> list[LoopRun]:
     runs = runs_for_table().filter(pk__in=list(run_ids)).order_by("created_at", "id")
     return with_budgets(list(runs))
@@ -173,6 +119,7 @@ class RunCounts:
     waiting_approval: int = 0
     waiting_human: int = 0
     in_flight: int = 0
+    waiting_lock: int = 0
     queued: int = 0
 
     @property
@@ -181,9 +128,12 @@ class RunCounts:
 
 
 def run_counts() -> RunCounts:
-    """How many runs wait for a human, are in flight, or are queued (one grouped query)."""
+    """How many runs wait for a human, are in flight, wait for a lock or are queued (one
+    grouped query); each run is counted once, by its status."""
     rows = (
-        LoopRun.objects.filter(status__in=[*WAITING, *IN_FLIGHT, RunStatus.QUEUED])
+        LoopRun.objects.filter(
+            status__in=[*WAITING, *IN_FLIGHT, RunStatus.WAITING_LOCK, RunStatus.QUEUED]
+        )
         .order_by()
         .values("status")
         .annotate(n=Count("id"))
@@ -193,6 +143,7 @@ def run_counts() -> RunCounts:
         waiting_approval=by_status.get(RunStatus.WAITING_APPROVAL, 0),
         waiting_human=by_status.get(RunStatus.WAITING_HUMAN, 0),
         in_flight=sum(by_status.get(s, 0) for s in IN_FLIGHT),
+        waiting_lock=by_status.get(RunStatus.WAITING_LOCK, 0),
         queued=by_status.get(RunStatus.QUEUED, 0),
     )
 

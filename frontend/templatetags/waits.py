@@ -112,3 +112,41 @@ def waiting_on_filter(run: Any) -> str:
 def wait_since(wait: Mapping[str, Any] | None) -> datetime | None:
     """``{% dt run.wait|wait_since %}``: when the wait began, as a datetime."""
     return parse_datetime(str((wait or {}).get("since") or "")) if wait else None
+
+
+#: Statuses in which a run is being driven (what it is doing is worth a line).
+_ACTIVE = ("preparing", "running", "verifying", "waiting_approval", "waiting_lock")
+
+
+@register.filter(name="doing")
+def doing(run: Any) -> str:
+    """``Maker 1 (alice) · tool write``: the role and the step a run is at, from its latest
+    step (``runs_for_table``'s annotations); empty when the run is not under way."""
+    if str(getattr(run, "status", "")) not in _ACTIVE:
+        return ""
+    invocation = str(getattr(run, "current_invocation", "") or "")
+    if not invocation:
+        return "preparing" if run.status == "preparing" else "starting"
+    role, _, index = invocation.partition(":")
+    bindings = getattr(run, "role_bindings", None) or {}
+    title, employee = role.capitalize(), str(bindings.get(role) or "")
+    if role == "maker" and index.isdigit():
+        makers = list(bindings.get("makers") or [])
+        title = f"Maker {int(index) + 1}"
+        employee = str(makers[int(index)]) if int(index) < len(makers) else ""
+    who = f"{title} ({employee})" if employee else title
+    kind = str(getattr(run, "current_step_kind", "") or "")
+    name = str(getattr(run, "current_step", "") or "")
+    step = f"tool {name}" if kind == "tool" and name else kind
+    return f"{who} · {step}" if step else who
+
+
+@register.filter(name="run_cost")
+def run_cost(run: Any) -> str:
+    """A runs table's cost cell: the cost, ``unpriced`` when tokens were used at a cost of 0
+    (the endpoint has no prices), ``—`` when nothing was used."""
+    cost = getattr(run, "cost_total", None)
+    if cost:
+        return f"{cost:.4f}"
+    used = (getattr(run, "tokens_in_total", 0) or 0) + (getattr(run, "tokens_out_total", 0) or 0)
+    return "unpriced" if used else "—"

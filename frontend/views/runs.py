@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from frontend.access import actor_of, can, ui_view
 from frontend.forms import ActionForm
+from frontend.selectors import monitor as monitor_query
 from frontend.selectors import patterns, runs
 from frontend.selectors.budgets import run_budget_sections
 from frontend.selectors.retrievals import run_retrievals
@@ -44,21 +45,33 @@ DONE_MESSAGES = {
 
 
 def monitor_context(request: HttpRequest) -> dict[str, Any]:
-    filters = runs.RunFilters.from_query(request.GET)
+    filters = monitor_query.RunFilters.from_query(request.GET)
     cursor = runs.change_cursor_now()  # before the runs: what changes later is streamed
-    listed = runs.runs_for_monitor(filters, MONITOR_PAGE_SIZE + 1)
-    older = listed[MONITOR_PAGE_SIZE - 1].id if len(listed) > MONITOR_PAGE_SIZE else None
+    page = monitor_query.runs_page(filters, MONITOR_PAGE_SIZE)
     stream_query = urlencode({**filters.query(), "since": cursor.encode()})
+    base = filters.query()
     return {
         "filters": filters,
-        "runs": listed[:MONITOR_PAGE_SIZE],
-        "older_url": "?" + urlencode({**filters.query(), "before": older}) if older else "",
+        "runs": page.runs,
+        "next_url": "?" + urlencode({**base, "after": page.next_cursor})
+        if page.next_cursor
+        else "",
+        "previous_url": (
+            "?" + urlencode({**base, "before": page.previous_cursor})
+            if page.previous_cursor
+            else ""
+        ),
+        "first_url": "?" + urlencode(base) if not page.first else "",
         "counts": runs.run_counts(),
         "pattern_keys": patterns.pattern_keys(),
         "statuses": RunStatus.choices,
         "triggers": runs.TRIGGER_CHOICES,
+        "sorts": monitor_query.SORTS,
+        "sort_label": monitor_query.SORTS[filters.sort],
+        "periods": {key: label for key, (label, _) in monitor_query.PERIODS.items()},
         "stream_url": reverse("ui:stream-runs") + "?" + stream_query,
-        "live_insert": filters.before is None,
+        # New runs are inserted at the top only where they belong: newest first, first page.
+        "live_insert": page.first and filters.sort == "newest",
         "page_size": MONITOR_PAGE_SIZE,
     }
 

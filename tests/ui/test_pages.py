@@ -54,7 +54,7 @@ def test_the_monitor_sums_tokens_and_cost_and_shows_a_dash_without_them(
     spent_row = page.split(f'id="run-{spent.id}"')[1].split("</tr>")[0]
     idle_row = page.split(f'id="run-{idle.id}"')[1].split("</tr>")[0]
     assert "150 / 25" in spent_row and "0.0125" in spent_row
-    assert idle_row.count("—") == 3  # steps, tokens, cost
+    assert idle_row.count("—") == 5  # doing, steps, tokens, cost, attempt
 
 
 def test_the_monitor_counts_runs_waiting_for_people(client_as: ClientAs) -> None:
@@ -72,8 +72,8 @@ def test_the_monitor_pages_to_older_runs(client_as: ClientAs) -> None:
     client = client_as("viewer")
     first = html(client.get("/"))
     assert f"run-{runs[-1].id}" in first and f"run-{runs[0].id}" not in first
-    older = first.split('class="pager"><a href="')[1].split('"')[0].replace("&amp;", "&")
-    second = html(client.get("/" + older))
+    older = first.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
+    second = html(client.get("/" + older.replace("&amp;", "&")))
     assert f"run-{runs[0].id}" in second and f"run-{runs[-1].id}" not in second
     assert 'data-live-insert="false"' in second
 

@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils import timezone
 
-from frontend.selectors import runs
+from frontend.selectors import monitor, runs
 from frontend.streams import RunFeed, RunsFeed
 from loops.models import LoopStep, RunStatus
 from loops.services.runs import run_act
@@ -171,7 +171,7 @@ def _request(persona: str = "viewer") -> Any:
 
 def test_the_runs_feed_reports_a_run_once_per_change_and_counts_on_change() -> None:
     pattern = make_pattern(key="greet")
-    feed = RunsFeed(_request(), runs.RunFilters(), runs.change_cursor_now())
+    feed = RunsFeed(_request(), monitor.RunFilters(), runs.change_cursor_now())
     assert [m.event for m in feed.poll()] == ["summary"]
     run = make_run(pattern)
     assert [m.event for m in feed.poll()] == ["run", "summary"]
@@ -191,7 +191,7 @@ def test_the_runs_feed_catches_an_id_that_commits_after_a_higher_one() -> None:
     late_event = late.events.get()
     # Pretend the cursor had already passed the late run's event id when it became visible.
     cursor = runs.ChangeCursor(late_event.id, 0)
-    feed = RunsFeed(_request(), runs.RunFilters(), cursor)
+    feed = RunsFeed(_request(), monitor.RunFilters(), cursor)
     feed.poll()
     # ...and that the early run's event had not been visible to that poll.
     feed.events.seen.discard(early.events.get().id)
@@ -204,7 +204,7 @@ def test_a_new_runs_stream_resends_only_recent_changes_below_its_cursor() -> Non
     pattern = make_pattern(key="greet")
     settled, recent = make_run(pattern), make_run(pattern)
     settled.events.update(created_at=timezone.now() - timedelta(minutes=5))
-    feed = RunsFeed(_request(), runs.RunFilters(), runs.change_cursor_now())
+    feed = RunsFeed(_request(), monitor.RunFilters(), runs.change_cursor_now())
     sent = [m.data["id"] for m in feed.poll() if m.event == "run"]
     assert sent == [str(recent.id)]  # it may have committed after the page was drawn
 
