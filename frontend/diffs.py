@@ -1,4 +1,4 @@
-"""A readable diff of two JSON documents (pretty-printed with sorted keys, then difflib). Pure."""
+"""Readable diffs: two JSON documents (pretty-printed with sorted keys), or two texts. Pure."""
 
 from __future__ import annotations
 
@@ -33,4 +33,15 @@ def json_diff(
     diff = difflib.unified_diff(
         _lines(old), _lines(new), fromfile=old_label, tofile=new_label, lineterm="", n=context
     )
+    return [DiffLine(_kind(line), line) for line in diff]
+
+
+def text_diff(
+    old: str, new: str, old_label: str, new_label: str, context: int = 3
+) -> list[DiffLine]:
+    """Unified diff lines of two texts; empty when they are equal."""
+    diff = difflib.unified_diff(
+        old.splitlines(), new.splitlines(), fromfile=old_label, tofile=new_label, lineterm="",
+        n=context,
+    )  # fmt: skip
     return [DiffLine(_kind(line), line) for line in diff]

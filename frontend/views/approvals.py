@@ -8,6 +8,7 @@ nobody's decision twice). The run page shows the same decision form inline.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
@@ -17,12 +18,15 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from frontend.access import can, ui_view
 from frontend.forms import DecideForm, add_service_errors
+from frontend.proposed_changes import ProposedChange, proposed_change
 from frontend.selectors import approvals
 from loops.models import ActionApproval, ApprovalStatus, LoopRun, RunStatus
 from loops.services.approvals import approval_decide
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import DomainError, InvalidInput
 
+#: The query keys of a page of the queue (its cursors), kept by its links and its stream.
+PAGE_KEYS = ("after", "before")
 DONE = {"approved": "Approved: the run goes on.", "rejected": "Rejected: the model is told why."}
 
 
@@ -35,6 +39,13 @@ def decidable(user: Any, approval: ActionApproval) -> bool:
     )
 
 
+def change_of(approval: ActionApproval) -> ProposedChange | None:
+    """What a gated file tool call would change in its run's workspace (None: not a file
+    tool)."""
+    workdir = (approval.run.cursor or {}).get("workdir")
+    return proposed_change(approval.tool_name, approval.arguments, workdir)
+
+
 def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
     """The run's approvals for its page: each with a decision form when ``user`` may decide."""
     rows = []
@@ -43,14 +54,36 @@ def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
         form = None
         if decidable(user, approval):  # ids per approval: a run may wait on several
             form = DecideForm(proposed=approval.arguments, auto_id=f"approval-{approval.id}-%s")
-        rows.append({"approval": approval, "form": form})
+        change = None
+        if approval.status == ApprovalStatus.PENDING:
+            change = change_of(approval)
+        rows.append({"approval": approval, "form": form, "change": change})
     return rows
 
 
 def queue_context(request: HttpRequest) -> dict[str, Any]:
-    """The pending approvals of every run, oldest first, then the latest decisions."""
+    """A page of the pending approvals of every run, oldest first (``after`` / ``before``
+    cursors in the query), each write or edit with its diff, then the latest decisions."""
+    page = approvals.pending_page(
+        after=request.GET.get("after", ""), before=request.GET.get("before", "")
+    )
+    here = reverse("ui:approvals")
     return {
-        "pending": approvals.pending_approvals(),
+        "pending": [
+            {
+                "approval": approval,
+                "change": change_of(approval),
+            }
+            for approval in page.approvals
+        ],
+        "pending_total": page.total,
+        "next_url": f"{here}?{urlencode({'after': page.next_cursor})}" if page.next_cursor else "",
+        "previous_url": (
+            f"{here}?{urlencode({'before': page.previous_cursor})}" if page.previous_cursor else ""
+        ),
+        "page_query": urlencode(
+            {k: request.GET[k] for k in ("after", "before") if k in request.GET}
+        ),
         "decided": approvals.recent_decisions(),
         "can_decide": can(request.user, Role.APPROVER),
     }
@@ -72,6 +105,7 @@ def _detail(
     context = {
         "approval": approval,
         "run": approval.run,
+        "change": change_of(approval) if approval.status == ApprovalStatus.PENDING else None,
         "form": form,
         "can_decide": can(request.user, Role.APPROVER),
     }
@@ -99,6 +133,13 @@ def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse
     form = DecideForm(request.POST, proposed=approval.arguments)
     if not form.is_valid():
         return _detail(request, approval, form, status=400)
+    if (
+        request.POST.get("from") == "queue"
+        and form.cleaned_data["decision"] == "reject"
+        and not (form.cleaned_data["reason"])
+    ):
+        messages.error(request, "Give a reason to reject: it is what the model is told.")
+        return redirect(_next_url(request, approval))
     try:
         decided = approval_decide(
             approval_id=approval.id,

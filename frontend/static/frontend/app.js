@@ -224,12 +224,78 @@
 
   function approvalsQueue(queue) {
     var indicator = document.querySelector("[data-live-indicator]");
+    var waiting = null;
+    function typing() {
+      var active = document.activeElement;
+      return active && queue.contains(active) && active.tagName === "INPUT" && active.value !== "";
+    }
+    function apply(data) {
+      var selected = queueRows(queue).indexOf(queue.querySelector("tr.selected"));
+      var id = selected >= 0 ? queueRows(queue)[selected].dataset.approval : null;
+      queue.innerHTML = data.html;
+      localizeTimes(queue);
+      var again = id ? queue.querySelector('tr[data-approval="' + id + '"]') : null;
+      if (again) { select(queue, again); }
+      announce(data.pending + " approval" + (data.pending === 1 ? "" : "s") + " pending.");
+    }
+    /* Not while someone is typing a reason in the queue: the update waits until they leave it. */
+    queue.addEventListener("focusout", function () {
+      if (waiting && !typing()) { var data = waiting; waiting = null; apply(data); }
+    });
     connect(queue.dataset.stream, indicator, {
       queue: function (data) {
-        /* Not while someone is typing in the queue (it has no forms today; keep it that way). */
-        queue.innerHTML = data.html;
-        localizeTimes(queue);
-        announce(data.pending + " approval" + (data.pending === 1 ? "" : "s") + " pending.");
+        if (typing()) { waiting = data; } else { apply(data); }
+      }
+    });
+    approvalKeys(queue);
+  }
+
+  function queueRows(queue) {
+    return Array.prototype.slice.call(queue.querySelectorAll("#approvals-pending tbody tr"));
+  }
+
+  function select(queue, row) {
+    queueRows(queue).forEach(function (r) { r.classList.remove("selected"); r.removeAttribute("aria-current"); });
+    row.classList.add("selected");
+    row.setAttribute("aria-current", "true");
+    row.focus({ preventScroll: false });
+  }
+
+  /* j/k: next/previous pending approval; a: approve it; r: its reason field, Enter rejects;
+     o: open it. Only when focus is not in a field (typing stays typing). */
+  function approvalKeys(queue) {
+    document.addEventListener("keydown", function (event) {
+      if (event.ctrlKey || event.metaKey || event.altKey) { return; }
+      var target = event.target;
+      if (target instanceof HTMLInputElement && target.name === "reason" && event.key === "Enter") {
+        var form = target.form;
+        var reject = form ? form.querySelector('button[value="reject"]') : null;
+        if (reject) { event.preventDefault(); form.requestSubmit(reject); }
+        return;
+      }
+      if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement ||
+          target instanceof HTMLSelectElement) { return; }
+      var rows = queueRows(queue);
+      if (!rows.length) { return; }
+      var current = rows.indexOf(queue.querySelector("tr.selected"));
+      if (event.key === "j" || event.key === "k") {
+        var next = event.key === "j" ? Math.min(current + 1, rows.length - 1) : Math.max(current - 1, 0);
+        select(queue, rows[next < 0 ? 0 : next]);
+        event.preventDefault();
+        return;
+      }
+      if (current < 0) { return; }
+      var row = rows[current];
+      var decide = row.querySelector("form.queue-decide");
+      if (event.key === "a" && decide) {
+        event.preventDefault();
+        decide.requestSubmit(decide.querySelector('button[value="approve"]'));
+      } else if (event.key === "r" && decide) {
+        event.preventDefault();
+        decide.querySelector('input[name="reason"]').focus();
+      } else if (event.key === "o") {
+        var open = row.querySelector("a.approval-open");
+        if (open) { event.preventDefault(); open.click(); }
       }
     });
   }
@@ -238,7 +304,9 @@
 
   document.addEventListener("submit", function (event) {
     var form = event.target;
-    if (form instanceof HTMLFormElement && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+    var button = event.submitter;
+    var question = (button && button.dataset.confirm) || (form instanceof HTMLFormElement && form.dataset.confirm);
+    if (form instanceof HTMLFormElement && question && !window.confirm(question)) {
       event.preventDefault();
     }
   });
