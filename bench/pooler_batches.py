@@ -44,16 +44,17 @@ _SCHEMA = [
     "type text NOT NULL, actor text NOT NULL, data jsonb NOT NULL, UNIQUE (run_id, seq))",
     "INSERT INTO runs (id, owner, token) VALUES (1, 'bench:1', 7)",
 ]
+#: The lease fence of every statement (constants: nothing from outside goes into this SQL).
 _FENCE = "r.id = %s AND r.owner = %s AND r.token = %s"
 _STATEMENTS = [
-    "UPDATE runs r SET step_count = step_count + 1, event_seq = event_seq + 2, "
-    f"updated_at = clock_timestamp() WHERE {_FENCE} RETURNING step_count, event_seq",
-    "INSERT INTO steps (run_id, seq, request, response) "
-    f"SELECT r.id, r.step_count, %s, %s FROM runs r WHERE {_FENCE}",
-    "INSERT INTO events (run_id, seq, type, actor, data) "
-    f"SELECT r.id, r.event_seq - 1, 'step.started', %s, %s FROM runs r WHERE {_FENCE}",
-    "INSERT INTO events (run_id, seq, type, actor, data) "
-    f"SELECT r.id, r.event_seq, 'step.completed', %s, %s FROM runs r WHERE {_FENCE}",
+    "UPDATE runs r SET step_count = step_count + 1, event_seq = event_seq + 2, "  # noqa: S608
+    "updated_at = clock_timestamp() WHERE " + _FENCE + " RETURNING step_count, event_seq",
+    "INSERT INTO steps (run_id, seq, request, response) "  # noqa: S608
+    "SELECT r.id, r.step_count, %s, %s FROM runs r WHERE " + _FENCE,
+    "INSERT INTO events (run_id, seq, type, actor, data) "  # noqa: S608
+    "SELECT r.id, r.event_seq - 1, 'step.started', %s, %s FROM runs r WHERE " + _FENCE,
+    "INSERT INTO events (run_id, seq, type, actor, data) "  # noqa: S608
+    "SELECT r.id, r.event_seq, 'step.completed', %s, %s FROM runs r WHERE " + _FENCE,
 ]
 _FENCE_ARGS = (1, "bench:1", 7)
 _REQUEST = json.dumps({"arguments": {"path": "notes/a.md", "i": 1}, "call_id": "call_1"})
@@ -84,7 +85,10 @@ def _prepared_writes(url: str, writes: int) -> list[float]:
     with _connect(url) as conn:
         cursor = psycopg.ClientCursor(conn)
         literal = Transformer.from_context(conn).as_literal
-        names = ["lw_" + hashlib.sha1(s.encode()).hexdigest()[:24] for s in _STATEMENTS]
+        names = [
+            "lw_" + hashlib.sha1(s.encode(), usedforsecurity=False).hexdigest()[:24]
+            for s in _STATEMENTS
+        ]
         for name, sql in zip(names, _STATEMENTS, strict=True):
             cursor.execute(f"PREPARE {name} AS {_numbered(sql)}".encode())
         timings = []

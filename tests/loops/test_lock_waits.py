@@ -20,6 +20,7 @@ from loops.services.claims_failures import run_driver_error
 from loops.services.endings import run_transition
 from loops.services.runs import run_act
 from loops.worker.engine import _load_and_prepare
+from orchestrator.cli_output import _wait_line
 from tests.support.factories import make_run
 from tests.support.lock_waits import REPO, held_and_waiting, poll
 from tests.support.write_paths import both_write_paths
@@ -202,9 +203,9 @@ def test_locks_are_granted_in_arrival_order() -> None:
     assert poll(second, start + timedelta(seconds=2)) == RunStatus.WAITING_LOCK  # first is ahead
     second.refresh_from_db()
     assert second.wait["detail"]["held_by"] == [] and second.wait["polls"] == 2
-    assert lock_text(second.wait["detail"]) == (
-        f"path lock on src queued behind run {str(first.id)[:8]}"
-    )
+    said = f"path lock on src queued behind run {str(first.id)[:8]}"
+    assert lock_text(second.wait["detail"]) == said
+    assert _wait_line("lock.waiting", second.wait["detail"]) == f"waiting for {said}"  # the CLI
     assert poll(elsewhere, start + timedelta(seconds=2)) == RunStatus.SUCCEEDED
     assert poll(first, start + timedelta(seconds=3)) == RunStatus.SUCCEEDED
     assert poll(second, start + timedelta(seconds=4)) == RunStatus.SUCCEEDED

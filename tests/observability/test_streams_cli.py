@@ -70,7 +70,8 @@ def test_watch_prints_roles_tools_tokens_and_cost_as_the_run_goes(asgi_server: S
     assert any("step 3  leader  model model-x" in line and "(run: 330 tokens, $0.0300)" in line
                for line in lines), text  # fmt: skip
     assert "verifying→succeeded" in text and "SUCCEEDED" in text
-    assert "model usage seen: 330 tokens, $0.0300" in text
+    assert "  tokens 330, cost $0.0300" in lines  # the run's budget usage, in the summary
+    assert lines.count(f"  page: {asgi_server.url}/runs/{run.id}") == 2  # watching, and the end
 
 
 class _Started(io.StringIO):

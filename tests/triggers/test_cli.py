@@ -132,6 +132,7 @@ def test_trigger_prints_the_new_run_and_passes_typed_inputs(
     assert code == 0, out
     run = LoopRun.objects.get(pattern=pattern)
     assert f"run {run.id} of {pattern.key} is queued" in out and "goal: Fix docs/" in out
+    assert f"  page: {server['LOOPWRIGHT_URL']}/runs/{run.id}" in out.splitlines()
     assert run.inputs == {"path": "docs/", "depth": 2} and run.triggered_by == "ops"
 
 

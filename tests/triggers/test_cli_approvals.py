@@ -40,10 +40,10 @@ def test_pending_calls_are_listed_then_approved_and_rejected(
     assert cli.main(["approvals", "--run", str(first.id)]) == 0
     assert capsys.readouterr().out.split()[0] == str(mine.id)
     assert cli.main(["approve", str(mine.id), "--reason", "looks fine"]) == 0
-    assert capsys.readouterr().out.strip() == f"approval {mine.id} approved"
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"approval {mine.id} approved: ")
     [other] = ActionApproval.objects.filter(run=second)
     assert cli.main(["reject", str(other.id)]) == 0
-    assert capsys.readouterr().out.strip() == f"approval {other.id} rejected"
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"approval {other.id} rejected: ")
     decided = {a.run_id: (a.status, a.decision_reason) for a in ActionApproval.objects.all()}
     assert decided == {first.id: ("approved", "looks fine"), second.id: ("rejected", "")}
     assert cli.main(["approvals"]) == 0
@@ -55,4 +55,4 @@ def test_an_unknown_approval_is_named(
 ) -> None:
     assert cli.main(["approve", "0190c0de-0000-7000-8000-000000000000"]) == 1
     err = capsys.readouterr().err
-    assert "no approval '0190c0de-0000-7000-8000-000000000000'" in err
+    assert "argument ID: no approval and no run 0190c0de-0000-7000-8000-000000000000" in err

@@ -109,5 +109,5 @@ def test_watch_prints_a_wait_as_one_line_when_it_starts_and_one_when_it_ends() -
 def test_watch_and_the_run_page_say_a_wait_in_the_same_words(
     event_type: str, data: dict[str, object]
 ) -> None:
-    """The CLI runs as a bare file and keeps its own copy of the words (orchestrator/cli.py)."""
+    """The CLI runs as a bare file and keeps its own copy of the words (orchestrator/cli_output.py)."""
     assert cli._wait_line(event_type, data) == wait_line(event_type, data)
