@@ -22,6 +22,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Substr
 from django.http import Http404
+from django.utils import timezone
 
 from frontend.selectors.budgets import attach_row_budgets
 from loops.models import (
@@ -32,6 +33,7 @@ from loops.models import (
     LoopRun,
     LoopStep,
     RunStatus,
+    StepKind,
     TriggerType,
 )
 
@@ -237,12 +239,68 @@ OPEN_STEP_STATUSES = ("started", "gated", "approved")
 def run_steps(
     run_id: uuid.UUID, *, after_seq: int | None = None, seqs: Iterable[int] = ()
 ) -> list[LoopStep]:
-    """Steps in seq order: all, or those after ``after_seq`` plus the listed ``seqs``."""
+    """Steps in seq order: all, or those after ``after_seq`` plus the listed ``seqs``; each
+    with ``approval_wait_ms``, the part of its time it waited for a human (None: it did not)."""
     steps = LoopStep.objects.filter(run_id=run_id)
     if after_seq is not None:
         wanted = list(seqs)
         steps = steps.filter(seq__gt=after_seq) | steps.filter(seq__in=wanted)
-    return list(steps.order_by("seq"))
+    listed = list(steps.order_by("seq"))
+    waits = approval_waits(run_id, [s.seq for s in listed if s.kind == StepKind.TOOL])
+    for step in listed:
+        step.approval_wait_ms = waits.get(step.seq)  # type: ignore[attr-defined]
+    return listed
+
+
+def approval_waits(run_id: uuid.UUID, seqs: Iterable[int] | None = None) -> dict[int, int]:
+    """How long each gated step (of ``seqs``, or all) waited for its decision, in ms (until
+    now while it waits)."""
+    rows = ActionApproval.objects.filter(run_id=run_id)
+    if seqs is not None:
+        wanted = list(seqs)
+        if not wanted:
+            return {}
+        rows = rows.filter(step_seq__in=wanted)
+    now = timezone.now()
+    return {
+        seq: max(int(((decided or now) - asked).total_seconds() * 1000), 0)
+        for seq, asked, decided in rows.values_list("step_seq", "created_at", "decided_at")
+    }
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Where a run's time went: model calls, tools running, and tools waiting for a human."""
+
+    model_ms: int = 0
+    tool_ms: int = 0
+    approval_wait_ms: int = 0
+
+
+def run_time_split(run_id: uuid.UUID) -> TimeSplit:
+    """The run's step time by kind, each gated tool step's approval wait taken out of its
+    tool time (two small aggregate reads, whatever the number of steps)."""
+    totals = dict(
+        LoopStep.objects.filter(run_id=run_id)
+        .order_by()
+        .values("kind")
+        .annotate(ms=Sum("duration_ms"))
+        .values_list("kind", "ms")
+    )
+    waits = approval_waits(run_id)
+    ran = dict(
+        LoopStep.objects.filter(run_id=run_id, seq__in=list(waits)).values_list(
+            "seq", "duration_ms"
+        )
+    )
+    waited = taken_out = 0
+    for seq, wait in waits.items():
+        spent = ran.get(seq)
+        part = min(wait, spent) if spent is not None else wait
+        waited += part
+        taken_out += part if spent is not None else 0
+    tool = int(totals.get(StepKind.TOOL) or 0) - taken_out
+    return TimeSplit(int(totals.get(StepKind.MODEL) or 0), max(tool, 0), waited)
 
 
 @dataclass

@@ -326,3 +326,24 @@ def diff_lines(text: str | None) -> list[tuple[str, str]]:
 def truncate_chars(text: str | None, limit: int) -> str:
     text = text or ""
     return text if len(text) <= limit else text[:limit]
+
+
+@register.filter
+def tool_run_ms(step: Any) -> int:
+    """A tool step's own running time: its duration less its approval wait."""
+    return max(int(step.duration_ms or 0) - int(getattr(step, "approval_wait_ms", 0) or 0), 0)
+
+
+@register.filter
+def step_plan(step: Any) -> list[dict[str, Any]]:
+    """The tasks of a leader's answer when it is a plan (JSON with ``tasks``), else []."""
+    if getattr(step, "role", "") != "leader":
+        return []
+    try:
+        parsed = json.loads(step_preview(step))
+    except ValueError:
+        return []
+    tasks = parsed.get("tasks") if isinstance(parsed, dict) else None
+    if not isinstance(tasks, list):
+        return []
+    return [t for t in tasks if isinstance(t, dict) and t.get("title")]

@@ -95,6 +95,7 @@ def run_header_context(request: HttpRequest, run: LoopRun) -> dict[str, Any]:
     return {
         "run": run,
         "usage": runs.run_usage(run.id),
+        "time_split": runs.run_time_split(run.id),
         "budgets": run_budget_sections(run),
         "retries": runs.run_retries(run.id),
         "actions": actions_for(request.user, run),
@@ -116,6 +117,16 @@ def _snapshots(run: LoopRun) -> list[tuple[str, Any]]:
     return out
 
 
+def plan_of(run: LoopRun) -> dict[str, Any] | None:
+    """The leader's plan the run works to (``cursor.plan``: tasks with a title and maybe a
+    detail, and notes), or None before the leader has planned."""
+    plan = (run.cursor or {}).get("plan")
+    if not isinstance(plan, dict) or not isinstance(plan.get("tasks"), list):
+        return None
+    tasks = [t for t in plan["tasks"] if isinstance(t, dict) and t.get("title")]
+    return {"tasks": tasks, "notes": str(plan.get("notes") or "")}
+
+
 @ui_view()
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     run = runs.run_detail(runs.parse_run_id(run_id))
@@ -131,6 +142,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "last_step_seq": steps[-1].seq if steps else 0,
         "open_steps": ",".join(str(s.seq) for s in steps if s.status in runs.OPEN_STEP_STATUSES),
         "waterfall": run_waterfall(run, timezone.now()),
+        "plan": plan_of(run),
         "retrievals": run_retrievals(run.id, run.role_bindings or {}),
     }
     return render(request, "frontend/runs/detail.html", context)
