@@ -9,6 +9,7 @@ from frontend import streams
 from frontend.views import (
     a2a_agents,
     agents,
+    api_tokens,
     approvals,
     connectors,
     memory,
@@ -100,6 +101,13 @@ urlpatterns = [
         "gateway/aliases/<slug:name>/delete",
         gateway_pages.gateway_alias_delete,
         name="gateway-alias-delete",
+    ),
+    # API tokens (admins only; frontend/views/api_tokens.py)
+    path("api-tokens", api_tokens.api_token_list, name="api-tokens"),
+    path(
+        "api-tokens/<str:prefix>/revoke",
+        api_tokens.api_token_revoke_view,
+        name="api-token-revoke",
     ),
     # Skills
     path("a2a-agents", a2a_agents.a2a_agent_list, name="a2a-agents"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from gateway.models import ChatCompletionRecord, EmployeeChatSettings, EmployeeGrant
+from orchestrator.admin_readonly import ViewOnlyAdmin
 
 
 @admin.register(EmployeeGrant)
@@ -21,8 +22,8 @@ class EmployeeChatSettingsAdmin(admin.ModelAdmin[EmployeeChatSettings]):
 
 
 @admin.register(ChatCompletionRecord)
-class ChatCompletionRecordAdmin(admin.ModelAdmin[ChatCompletionRecord]):
-    """Read-only: records are written by the endpoint, once per request."""
+class ChatCompletionRecordAdmin(ViewOnlyAdmin):
+    """View-only: records are written by the endpoint, once per request."""
 
     list_display = (
         "id",
@@ -38,9 +39,3 @@ class ChatCompletionRecordAdmin(admin.ModelAdmin[ChatCompletionRecord]):
     )
     list_filter = ("status", "stream", "employee_username")
     search_fields = ("id", "employee_username", "user__username")
-
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False

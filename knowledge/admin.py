@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.http import HttpRequest
 
 from knowledge.models import KnowledgeAccess, KnowledgeBase, KnowledgeDocument, Retrieval
+from orchestrator.admin_readonly import ViewOnlyAdmin
 
 
 @admin.register(KnowledgeBase)
@@ -22,22 +22,14 @@ class KnowledgeAccessAdmin(admin.ModelAdmin[KnowledgeAccess]):
     list_filter = ["base"]
 
 
-class _ReadOnly:
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-
 @admin.register(KnowledgeDocument)
-class KnowledgeDocumentAdmin(_ReadOnly, admin.ModelAdmin[KnowledgeDocument]):
+class KnowledgeDocumentAdmin(ViewOnlyAdmin):
     list_display = ["name", "base", "source", "content_type", "chars", "updated_at"]
     list_filter = ["base", "content_type"]
 
 
 @admin.register(Retrieval)
-class RetrievalAdmin(_ReadOnly, admin.ModelAdmin[Retrieval]):
+class RetrievalAdmin(ViewOnlyAdmin):
     list_display = [
         "created_at",
         "tool",

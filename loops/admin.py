@@ -1,8 +1,12 @@
+"""Patterns are configuration, editable here; runs, their events and steps, and path locks are
+the engine's tables, view-only (status changes go through the API's human actions)."""
+
 from __future__ import annotations
 
 from django.contrib import admin
 
 from loops.models import LoopEvent, LoopPattern, LoopRun, LoopStep, PathLock
+from orchestrator.admin_readonly import ViewOnly, ViewOnlyAdmin
 
 
 @admin.register(LoopPattern)
@@ -12,7 +16,7 @@ class LoopPatternAdmin(admin.ModelAdmin[LoopPattern]):
     readonly_fields = ("version", "created_at", "updated_at")
 
 
-class EventInline(admin.TabularInline[LoopEvent, LoopRun]):
+class EventInline(ViewOnly, admin.TabularInline[LoopEvent, LoopRun]):
     model = LoopEvent
     extra = 0
     can_delete = False
@@ -20,19 +24,19 @@ class EventInline(admin.TabularInline[LoopEvent, LoopRun]):
 
 
 @admin.register(LoopRun)
-class LoopRunAdmin(admin.ModelAdmin[LoopRun]):
-    """Runs are read-only here: status changes go through the API's human actions."""
+class LoopRunAdmin(ViewOnlyAdmin):
+    """Runs are view-only here: status changes go through the API's human actions."""
 
     list_display = ("id", "pattern", "status", "trigger_type", "attempts", "created_at")
     list_filter = ("status", "trigger_type")
     inlines = [EventInline]
 
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
 
-    def has_add_permission(self, request: object) -> bool:
-        return False
+@admin.register(LoopStep)
+class LoopStepAdmin(ViewOnlyAdmin):
+    list_display = ("run", "seq", "role", "kind", "status", "name")
 
 
-admin.site.register(LoopStep)
-admin.site.register(PathLock)
+@admin.register(PathLock)
+class PathLockAdmin(ViewOnlyAdmin):
+    list_display = ("run", "repository_key", "path", "acquired_at")

@@ -71,7 +71,10 @@ ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split("
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
-PUBLIC_URL = os.environ.get("LOOPWRIGHT_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+#: The base URL of links and printed addresses; unset: this machine at ``manage.py up``'s port.
+PUBLIC_URL = os.environ.get(
+    "LOOPWRIGHT_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('LOOPWRIGHT_PORT') or 8000}"
+).rstrip("/")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

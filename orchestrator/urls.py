@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from orchestrator.health import healthz, readyz
@@ -13,11 +17,23 @@ handler403 = "frontend.errors.handler403"
 handler404 = "frontend.errors.handler404"
 handler500 = "frontend.errors.handler500"
 
+
+class FaviconRedirect(RedirectView):
+    """``/favicon.ico`` for browsers and tools that ask for it: the UI's SVG icon."""
+
+    permanent = True
+    http_method_names = ["get", "head"]
+
+    def get_redirect_url(self, *args: Any, **kwargs: Any) -> str:
+        return static("frontend/favicon.svg")
+
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     # Prometheus text for scrapers (docs/observability.md); the HTML page is /ui/metrics.
     path("metrics", prometheus_metrics, name="metrics"),
+    path("favicon.ico", FaviconRedirect.as_view(), name="favicon"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

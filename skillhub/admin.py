@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from orchestrator.admin_readonly import ViewOnlyAdmin
 from skillhub.models import Skill, SkillExecution, SkillLoopConfig
 
 
@@ -17,16 +18,12 @@ class SkillAdmin(admin.ModelAdmin[Skill]):
 
 
 @admin.register(SkillExecution)
-class SkillExecutionAdmin(admin.ModelAdmin[SkillExecution]):
+class SkillExecutionAdmin(ViewOnlyAdmin):
+    """View-only: executions are the engine's record of each run of a skill."""
+
     list_display = ["id", "tool_name", "status", "principal", "origin", "created_at"]
     list_filter = ["status", "origin", "language"]
     search_fields = ["tool_name", "principal"]
-
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(SkillLoopConfig)

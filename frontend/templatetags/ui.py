@@ -54,6 +54,8 @@ TONES: dict[str, str] = {
     "expired": "muted",
     "withdrawn": "muted",
     "disabled": "muted",
+    "live": "ok",
+    "revoked": "bad",
 }
 _ROLE_ORDER = (Role.ADMIN, Role.OPERATOR, Role.APPROVER, Role.VIEWER)
 
@@ -286,6 +288,7 @@ def nav_current(context: template.Context, section: str) -> SafeString:
         "memory": ("/memory",),
         "knowledge": ("/knowledge",),
         "metrics": ("/ui/metrics",),
+        "api-tokens": ("/api-tokens",),
     }
     current = path == "/" if section == "monitor" else False
     current = current or path.startswith(prefixes.get(section, ()))

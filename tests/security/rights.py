@@ -33,6 +33,7 @@ READ = {"GET": VIEWER}
 RIGHTS: dict[str, dict[str, str]] = {
     **{probe: {"GET": PUBLIC} for probe in ("healthz", "readyz", "metrics")},  # metrics: no token
     "schema": {"GET": PUBLIC},
+    "favicon": {"GET": PUBLIC},
     "api-docs": {"GET": PUBLIC},
     "api-redoc": {"GET": PUBLIC},
     # the OpenAI-compatible endpoint: any token; grants per employee decide the rest
@@ -45,8 +46,11 @@ RIGHTS: dict[str, dict[str, str]] = {
     "chat-completion-detail": READ,
     "employee-guardrails": {**READ, "PUT": ADMIN},
     # API tokens: admins only (never the secrets); only the daily quotas are writable
-    "api-token-list": {"GET": ADMIN},
+    "api-token-list": {"GET": ADMIN, "POST": ADMIN},
     "api-token-detail": {"GET": ADMIN, "PATCH": ADMIN},
+    "api-token-revoke": {"POST": ADMIN},
+    "ui:api-tokens": {"GET": ADMIN, "POST": ADMIN},
+    "ui:api-token-revoke": {"GET": ADMIN, "POST": ADMIN},
     # patterns and runs
     "pattern-list": {**READ, "POST": OPERATOR},
     "pattern-detail": {**READ, "PUT": OPERATOR, "PATCH": OPERATOR, "DELETE": OPERATOR},

@@ -104,6 +104,9 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             # Model aliases: operators write, as /api/v1/model-aliases (test_gateway_pages.py).
             "gateway": ("/gateway", {"name": "x", "rules": "[]"}, Role.OPERATOR),
             "gateway-alias-delete": ("/gateway/aliases/x/delete", {}, Role.OPERATOR),
+            # API tokens: admins only, as /api/v1/api-tokens (tests/ui/test_api_tokens_browser.py).
+            "api-tokens": ("/api-tokens", {"username": "x", "roles": "viewer"}, Role.ADMIN),
+            "api-token-revoke": ("/api-tokens/abc/revoke", {}, Role.ADMIN),
         }
     )
     return targets

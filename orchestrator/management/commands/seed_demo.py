@@ -106,7 +106,9 @@ class Command(BaseCommand):
         if not options["no_run"] and not LoopRun.objects.filter(pattern=pattern).exists():
             run = run_trigger(pattern=pattern, actor="seed", inputs={"path": "hello.txt"})
             self.stdout.write(f"Started demo run {run.id}.")
-        self.stdout.write(_INSTRUCTIONS.format(password=password, var=settings.VAR_DIR))
+        self.stdout.write(
+            _INSTRUCTIONS.format(password=password, var=settings.VAR_DIR, url=settings.PUBLIC_URL)
+        )
 
     def _admin_password(self) -> str:
         path = Path(settings.VAR_DIR) / "admin-password"
@@ -124,12 +126,13 @@ class Command(BaseCommand):
 
 
 _INSTRUCTIONS = """
-Log in at http://127.0.0.1:8000/ as 'admin' with password '{password}'
+Log in at {url}/ as 'admin' with password '{password}'
 (it is kept in {var}/admin-password).
-The demo run plans, then its maker proposes a gated `write` and waits for your approval:
+The demo run plans, then its maker proposes a gated `write` and waits for your approval
+(approve it in the UI, or with a token made here or on the API tokens page, {url}/api-tokens):
   TOKEN=$(.venv/bin/python manage.py create_api_token ops --role operator --role approver)
-  curl -s -H "Authorization: Bearer $TOKEN" 'http://127.0.0.1:8000/api/v1/approvals?status=pending'
+  curl -s -H "Authorization: Bearer $TOKEN" '{url}/api/v1/approvals?status=pending'
   curl -s -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
-       -d '{{"decision": "approve"}}' http://127.0.0.1:8000/api/v1/approvals/<approval id>/decide
-API docs: http://127.0.0.1:8000/api/docs/
+       -d '{{"decision": "approve"}}' {url}/api/v1/approvals/<approval id>/decide
+API docs: {url}/api/docs/
 """

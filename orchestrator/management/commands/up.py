@@ -24,6 +24,15 @@ def _pump(name: str, stream: IO[bytes], out: Any) -> None:
         out.flush()
 
 
+def _open_at(host: str, port: int) -> str:
+    """Where to open the UI: ``LOOPWRIGHT_PUBLIC_URL`` when set, else the bound address (this
+    machine for a wildcard host)."""
+    if os.environ.get("LOOPWRIGHT_PUBLIC_URL"):
+        return f"{settings.PUBLIC_URL}/"
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # noqa: S104
+    return f"http://{shown}:{port}/"
+
+
 class Command(BaseCommand):
     help = "Start the web server, a worker and the scheduler together in the foreground."
 
@@ -55,7 +64,7 @@ class Command(BaseCommand):
             threading.Thread(
                 target=_pump, args=(name, proc.stdout, self.stdout), daemon=True
             ).start()
-        url = f"http://{options['host']}:{options['port']}/"
+        url = _open_at(options["host"], options["port"])
         self.stdout.write(self.style.SUCCESS(f"Loopwright is starting at {url} (Ctrl-C stops it)"))
         stopping = False
 
