@@ -23,6 +23,11 @@ logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_BASE = "/problems/"
 TOO_DEEP = "The input is nested too deeply to process."
+#: The 401 detail of a request that sent no credentials at all (no token, no session).
+NO_CREDENTIALS = (
+    "No credentials: send 'Authorization: Bearer <API token>' (manage.py create_api_token) "
+    "or sign in."
+)
 
 
 class DomainError(Exception):
@@ -181,6 +186,8 @@ def _drf_problem(exc: exceptions.APIException, request: HttpRequest | None) -> d
             problem_type, title = ptype, ptitle
             break
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if isinstance(exc, exceptions.NotAuthenticated) and detail == exc.default_detail:
+        detail = NO_CREDENTIALS
     return problem(exc.status_code, problem_type, title, str(detail), request)
 
 

@@ -69,9 +69,14 @@ _STREAM_EVENT: dict[str, Any] = {
 }
 
 
+_MAX_SEQ = 2**63 - 1
+#: The ``after`` cursor's schema: what :func:`_after` accepts.
+_SEQ = {"type": "integer", "minimum": 0, "maximum": _MAX_SEQ}
+
+
 def _after(value: str | None) -> int:
     """The ``after`` cursor: a sequence number (0 = from the start), within a 64-bit integer."""
-    return bounded_int({"after": value}, "after", default=0, low=0, high=2**63 - 1)
+    return bounded_int({"after": value}, "after", default=0, low=0, high=_MAX_SEQ)
 
 
 #: ``tool_name`` in a path: what a skill may be named (the collection's actions, camelCase, never
@@ -168,7 +173,8 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
         filter_backends=[],
     )
     def mcp_list_tools(self, request: Request) -> Response:
-        """The enabled skills as MCP tools ``{name, description, inputSchema}``."""
+        """The enabled skills as MCP tools ``{name, description, inputSchema, outputSchema,
+        annotations}``."""
         return Response(mcp_list_tools(Caller.for_user(request.user)))
 
     @extend_schema(
@@ -303,7 +309,7 @@ class ExecutionViewSet(
             "or over `LOOPWRIGHT_SKILL_DOWNLOAD_MAX_BYTES`."
         ),
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def download(self, request: Request, pk: str | None = None) -> Any:
         execution = self.get_object()
         name = request.query_params.get("name", "")
@@ -327,7 +333,7 @@ class ExecutionViewSet(
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "after", int, required=False, description="Only events with a larger seq (0)."
+                "after", _SEQ, required=False, description="Only events with a larger seq (0)."
             )
         ],
         responses={200: ExecutionEventSerializer(many=True), 400: _PROBLEM, 404: _PROBLEM},
@@ -339,7 +345,7 @@ class ExecutionViewSet(
             "per answer: ask again with `after` = the last seq."
         ),
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def events(self, request: Request, pk: str | None = None) -> Response:
         execution = self.get_object()
         after = _after(request.query_params.get("after"))
@@ -350,7 +356,7 @@ class ExecutionViewSet(
         parameters=[
             OpenApiParameter(
                 "after",
-                int,
+                _SEQ,
                 required=False,
                 description="Start after this seq (or send the `Last-Event-ID` header).",
             )
@@ -373,6 +379,8 @@ class ExecutionViewSet(
         methods=["get"],
         url_path="events/stream",
         renderer_classes=[JSONRenderer, EventStreamRenderer],
+        filter_backends=[],
+        pagination_class=None,
     )
     def events_stream(self, request: Request, pk: str | None = None) -> Any:
         execution = self.get_object()

@@ -1,7 +1,8 @@
 """The Skill Hub's MCP server: the official ``mcp`` SDK's low-level ``Server`` over streamable
 HTTP, mounted at ``/mcp`` by ``orchestrator.asgi`` (docs/skills.md).
 
-* ``tools/list``: the enabled skills visible to the caller, ``{name, description, inputSchema}``.
+* ``tools/list``: the enabled skills visible to the caller, ``{name, description, inputSchema,
+  outputSchema, annotations}`` (``readOnlyHint`` for a read-effect skill, else ``destructiveHint``).
 * ``tools/call``: runs one through the execution service (validation, role check, rate limit,
   ``skills`` queue, sandbox) and returns its output as text content plus a manifest of output
   files (also as ``structuredContent``); ``isError`` when the program failed or was refused.
@@ -29,8 +30,8 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from orchestrator.accounts.services import api_token_resolve
-from orchestrator.errors import DomainError
+from orchestrator.accounts.services import TokenRefused, api_token_authenticate
+from orchestrator.errors import NO_CREDENTIALS, DomainError
 from orchestrator.jsonlimits import JsonRefused, loads_bounded
 from skillhub.services.access import Caller
 from skillhub.services.calls import mcp_call_tool, mcp_list_tools
@@ -82,7 +83,13 @@ async def _on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
     tools = await sync_to_async(_closing(_list_tools_sync), thread_sensitive=False)(ctx)
     return types.ListToolsResult(
         tools=[
-            types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"])
+            types.Tool(
+                name=t["name"],
+                description=t["description"],
+                input_schema=t["inputSchema"],
+                output_schema=t["outputSchema"],
+                annotations=types.ToolAnnotations.model_validate(t["annotations"]),
+            )
             for t in tools
         ]
     )
@@ -119,18 +126,19 @@ def _security() -> TransportSecuritySettings:
     )
 
 
-def _resolve_token(raw: str) -> int | None:
+def _resolve_token(header: str) -> int | str:
+    """The user id of a valid ``Authorization`` header's token, else the 401's detail."""
     try:
-        token = api_token_resolve(raw)
-        if token is None or not token.user.is_active:
-            return None
-        return int(token.user.pk)
+        return int(api_token_authenticate(header).user.pk)
+    except TokenRefused as exc:
+        return str(exc)
     finally:
         connection.close()
 
 
 class BearerAuth:
-    """ASGI middleware: a valid ``Authorization: Bearer <API token>`` or a 401."""
+    """ASGI middleware: a valid ``Authorization: Bearer <API token>`` or a 401 saying what is
+    wrong (no token, another scheme, a malformed one, or unknown, revoked or expired)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -140,21 +148,22 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        scheme, _, raw = headers.get("authorization", "").partition(" ")
-        user_id = None
-        if scheme.lower() == "bearer" and raw.strip():
-            user_id = await sync_to_async(_resolve_token, thread_sensitive=False)(raw.strip())
-        if user_id is None:
-            await _unauthorized(send)
+        header = headers.get("authorization", "")
+        found: int | str = NO_CREDENTIALS
+        if header.strip():
+            found = await sync_to_async(_resolve_token, thread_sensitive=False)(header)
+        if isinstance(found, str):
+            await _unauthorized(send, found)
             return
-        await self.app({**scope, _USER_KEY: user_id}, receive, send)
+        await self.app({**scope, _USER_KEY: found}, receive, send)
 
 
-async def _unauthorized(send: Any) -> None:
-    detail = "The MCP endpoint needs an API token: Authorization: Bearer <token>."
+async def _unauthorized(send: Any, detail: str) -> None:
+    kind = "not-authenticated" if detail == NO_CREDENTIALS else "authentication-failed"
+    title = "Authentication required" if detail == NO_CREDENTIALS else "Authentication failed"
     await _send_problem(
         send,
-        {"type": "/problems/not-authenticated", "title": "Authentication required"},
+        {"type": f"/problems/{kind}", "title": title},
         401,
         detail,
         [(b"www-authenticate", b'Bearer realm="loopwright"')],

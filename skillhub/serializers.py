@@ -136,6 +136,14 @@ class McpToolSerializer(StrictSerializer):
     name = serializers.CharField()
     description = serializers.CharField()
     inputSchema = serializers.JSONField()
+    outputSchema = serializers.JSONField(
+        help_text="The schema of `structuredContent` of a call that is not an error (the "
+        "execution summary)."
+    )
+    annotations = serializers.JSONField(
+        help_text="MCP tool annotations: `readOnlyHint` for a read-effect skill (`auto_call`), "
+        "else `destructiveHint`; `openWorldHint` when the caller's sandbox has a network."
+    )
 
 
 class McpCallSerializer(StrictSerializer):

@@ -1,4 +1,9 @@
-"""``Authorization: Bearer lw_<prefix>_<secret>`` authentication for DRF."""
+"""``Authorization: Bearer lw_<prefix>_<secret>`` authentication for DRF.
+
+A request without an ``Authorization`` header is left to the next class (the session); one with
+a header is this class's to accept or to refuse with a 401 saying what is wrong
+(:func:`orchestrator.accounts.services.api_token_authenticate`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from orchestrator.accounts.services import api_token_resolve
+from orchestrator.accounts.services import TokenRefused, api_token_authenticate
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -15,17 +20,12 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
+        if not header.strip():
             return None
-        scheme, _, raw = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        raw = raw.strip()
-        if not raw:
-            raise exceptions.AuthenticationFailed("Empty bearer token.")
-        token = api_token_resolve(raw)
-        if token is None or not token.user.is_active:
-            raise exceptions.AuthenticationFailed("Invalid, expired or revoked API token.")
+        try:
+            token = api_token_authenticate(header)
+        except TokenRefused as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from None
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

@@ -118,6 +118,42 @@ def api_token_touch(pk: int, last_used_at: datetime | None, now: datetime) -> No
         ApiToken.objects.filter(pk=pk).update(last_used_at=now)
 
 
+#: The 401 details of the bearer-token check (docs/api.md, "Authentication answers"): what is
+#: wrong, never which of unknown, revoked or expired (that would tell a guesser a prefix exists).
+TOKEN_MALFORMED = "Malformed API token: a Loopwright API token reads 'lw_<prefix>_<secret>'."  # noqa: S105
+TOKEN_REFUSED = "Unknown, revoked or expired API token: ask an admin for a new one."  # noqa: S105
+
+
+class TokenRefused(ValueError):
+    """A bearer token the service does not accept; ``str()`` is the 401's detail."""
+
+
+def api_token_authenticate(header: str) -> ApiToken:
+    """The live token of an ``Authorization`` header's value (``Bearer lw_…``) whose user is
+    active; :class:`TokenRefused` naming what is wrong otherwise (another scheme, malformed,
+    or unknown/revoked/expired/inactive: one message for those). No header at all is the
+    caller's to answer (``orchestrator.errors.NO_CREDENTIALS``)."""
+    scheme, _, raw = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise TokenRefused(
+            f"The Authorization scheme {safe_scheme(scheme)!r} is not accepted: send "
+            "'Authorization: Bearer <API token>'."
+        )
+    raw = raw.strip()
+    if not raw or api_token_split(raw) is None:
+        raise TokenRefused(TOKEN_MALFORMED)
+    token = api_token_resolve(raw)
+    if token is None or not token.user.is_active:
+        raise TokenRefused(TOKEN_REFUSED)
+    return token
+
+
+def safe_scheme(scheme: str) -> str:
+    """An ``Authorization`` scheme as it may be echoed: at most 20 printable ASCII characters."""
+    shown = "".join(c for c in scheme[:20] if c.isascii() and c.isprintable())
+    return shown + ("…" if len(scheme) > 20 else "")
+
+
 def api_token_resolve(raw: str) -> ApiToken | None:
     """The live token matching ``raw``, or None (constant-time comparison of the secret)."""
     split = api_token_split(raw)

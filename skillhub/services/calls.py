@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from skillhub.models import TOOL_PREFIX, Skill
-from skillhub.services.access import Caller, skill_visible
+from skillhub.services.access import Caller, skill_network, skill_visible
 from skillhub.services.executions import (
     execution_request,
     execution_summary,
@@ -25,15 +25,64 @@ def skills_visible(caller: Caller) -> list[Skill]:
     return [s for s in Skill.objects.filter(enabled=True) if skill_visible(s, caller)]
 
 
-def mcp_tool(skill: Skill) -> dict[str, Any]:
-    description = skill.description or skill.title
-    return {"name": skill.tool_name, "description": description, "inputSchema": skill.input_schema}
+#: ``structuredContent`` of every call that is not an error: :func:`execution_summary`.
+EXECUTION_SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "execution_id": {"type": "string", "format": "uuid"},
+        "tool_name": {"type": "string"},
+        "status": {"type": "string", "enum": ["queued", "running", "succeeded", "failed"]},
+        "exit_code": {"type": ["integer", "null"]},
+        "timed_out": {"type": "boolean"},
+        "killed_reason": {"type": ["string", "null"]},
+        "duration_ms": {"type": ["integer", "null"]},
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "stdout_truncated": {"type": "boolean"},
+        "error": {"type": ["string", "null"]},
+        "output_files": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "size": {"type": "integer"},
+                    "downloadable": {"type": "boolean"},
+                },
+                "required": ["name", "size", "downloadable"],
+            },
+        },
+    },
+    "required": ["execution_id", "tool_name", "status", "stdout", "output_files"],
+}
+
+
+def mcp_annotations(skill: Skill, caller: Caller) -> dict[str, Any]:
+    """MCP ``ToolAnnotations`` from the skill's declared effect (``auto_call``: read, else
+    write) and the network its sandbox gets for ``caller`` (closed world when denied)."""
+    annotations: dict[str, Any] = {"title": skill.title, "readOnlyHint": skill.auto_call}
+    if not skill.auto_call:
+        # A write skill's program may change or delete anything it reaches: MCP's defaults
+        # (destructive, not idempotent), stated.
+        annotations |= {"destructiveHint": True, "idempotentHint": False}
+    annotations["openWorldHint"] = skill_network(caller) != "deny"
+    return annotations
+
+
+def mcp_tool(skill: Skill, caller: Caller) -> dict[str, Any]:
+    """One MCP tool: name, description, input and output schemas, annotations."""
+    return {
+        "name": skill.tool_name,
+        "description": skill.description or skill.title,
+        "inputSchema": skill.input_schema,
+        "outputSchema": EXECUTION_SUMMARY_SCHEMA,
+        "annotations": mcp_annotations(skill, caller),
+    }
 
 
 def mcp_list_tools(caller: Caller) -> list[dict[str, Any]]:
-    """``tools/list``: the enabled skills visible to the caller as ``{name, description,
-    inputSchema}``."""
-    return [mcp_tool(s) for s in skills_visible(caller)]
+    """``tools/list``: the enabled skills visible to the caller as MCP tools."""
+    return [mcp_tool(s, caller) for s in skills_visible(caller)]
 
 
 def skill_for_call(name: str) -> Skill:

@@ -30,6 +30,18 @@ def test_a_run_events_cursor_out_of_range_is_a_400_naming_it(
     assert operator.get(f"/api/v1/runs/{run.id}/events", {"after_seq": "0"}).status_code == 200
 
 
+@pytest.mark.parametrize("sub", ["events", "steps"])
+@pytest.mark.parametrize("query", [{"limit": "-1"}, {"limit": "1001"}, {"offset": "-1"}])
+def test_a_run_sub_resource_page_out_of_range_is_a_400_naming_it(
+    operator: APIClient, sub: str, query: dict[str, str]
+) -> None:
+    run = make_run()
+    response = operator.get(f"/api/v1/runs/{run.id}/{sub}", query)
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["errors"][0]["pointer"] == f"/{next(iter(query))}"
+
+
 def test_run_sub_resources_take_no_run_list_filters(operator: APIClient) -> None:
     run = make_run()
     odd = {"created_after": "4131-02-25T10:35:50-17:34", "status": "nonsense"}

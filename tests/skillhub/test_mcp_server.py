@@ -1,7 +1,9 @@
 """The MCP server at ``/mcp`` of the real ASGI app (``orchestrator.asgi``), served by uvicorn on
 loopback and called with the official ``mcp`` client over streamable HTTP: tools/list gives
 the enabled skills, tools/call runs a Python and a Node.js skill in a real skills worker and
-returns content with the output file manifest; a call without a valid token gets a 401."""
+returns content with the output file manifest (and structured content true to the tools' output
+schema); tools carry annotations from the skill's effect; a call without a valid token gets a
+401 saying what is wrong."""
 
 from __future__ import annotations
 
@@ -13,13 +15,22 @@ from typing import Any
 
 import httpx2
 import pytest
+from django.utils import timezone
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from orchestrator.accounts.models import ApiToken
 from orchestrator.accounts.roles import Role
-from orchestrator.accounts.services import api_token_create, user_ensure
+from orchestrator.accounts.services import (
+    TOKEN_MALFORMED,
+    TOKEN_REFUSED,
+    api_token_create,
+    user_ensure,
+)
+from orchestrator.errors import NO_CREDENTIALS
 from skillhub.models import Skill, SkillExecution
+from skillhub.services.calls import EXECUTION_SUMMARY_SCHEMA
 from skillhub.services.skills import skill_create
 from tests.skillhub.conftest import NODE_UPPER, NUMBERS, TEXT, SkillsWorker
 from tests.support.asgi_server import uvicorn_thread
@@ -58,6 +69,7 @@ def skills(make_skill: Callable[..., Skill]) -> None:
     skill_create(
         actor="test", tool_name="node_upper", title="Upper", description="Upper-cases text",
         code_template=NODE_UPPER, language="node", input_schema=TEXT, timeout_seconds=20,
+        auto_call=True,
     )  # fmt: skip
     make_skill("py_disabled", enabled=False)
 
@@ -90,6 +102,14 @@ def test_tools_list_and_call_over_streamable_http(
     assert sorted(tools) == ["node_upper", "py_add"]
     assert tools["py_add"].input_schema == NUMBERS
     assert tools["node_upper"].description == "Upper-cases text"
+    # The declared effect: auto_call is read-only; otherwise a write, destructive by default.
+    # An operator without a harness gets no network: a closed world.
+    upper, add = tools["node_upper"].annotations, tools["py_add"].annotations
+    assert upper is not None and add is not None
+    assert (upper.title, upper.read_only_hint, upper.open_world_hint) == ("Upper", True, False)
+    assert upper.destructive_hint is None
+    assert (add.read_only_hint, add.destructive_hint, add.idempotent_hint) == (False, True, False)
+    assert tools["py_add"].output_schema == EXECUTION_SUMMARY_SCHEMA
 
     assert py.is_error is False, (py, skills_worker.log()[-3000:])
     assert py.content[0].text == "42\n"
@@ -100,6 +120,8 @@ def test_tools_list_and_call_over_streamable_http(
     assert bytes(execution.output_files.get().data) == b'{"total": 42}'
 
     assert node.is_error is False and node.content[0].text == "MCP\n"
+    # The client validated these against the output schema; the summary is the structure.
+    assert py.structured_content is not None and py.structured_content["status"] == "succeeded"
     assert bad.is_error is True and "/inputs/a" in json.dumps(bad.structured_content)
 
 
@@ -113,15 +135,25 @@ def test_a_viewer_lists_tools_but_may_not_call_them(server: str, skills: None) -
     assert not SkillExecution.objects.exists()
 
 
-def test_the_mcp_endpoint_needs_a_valid_api_token(server: str) -> None:
-    for headers in ({}, {"Authorization": "Bearer lw_nope_nope"}):
+def test_the_mcp_endpoint_needs_a_valid_api_token_and_says_what_is_wrong(server: str) -> None:
+    revoked = token(Role.OPERATOR)
+    ApiToken.objects.filter(prefix=revoked.split("_")[1]).update(revoked_at=timezone.now())
+    cases = {
+        "": NO_CREDENTIALS,
+        "Bearer not-a-token": TOKEN_MALFORMED,
+        "Bearer lw_nope_nope": TOKEN_REFUSED,
+        f"Bearer {revoked}": TOKEN_REFUSED,
+        "Basic dTpw": "The Authorization scheme 'Basic' is not accepted",
+    }
+    for header, detail in cases.items():
         response = httpx2.post(
             f"{server}/mcp",
             json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-            headers={**headers, "Accept": "application/json, text/event-stream"},
+            headers={"Authorization": header, "Accept": "application/json, text/event-stream"},
         )
         assert response.status_code == 401
         assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["detail"].startswith(detail), (header, response.json())
 
 
 def test_django_still_serves_everything_else(server: str) -> None:

@@ -16,6 +16,7 @@ from orchestrator.agents.services import employee_create, model_endpoint_create
 from skillhub.catalog import TEMPLATES
 from skillhub.models import Skill, SkillExecution, SkillOutputFile
 from skillhub.services.access import Caller, SkillForbidden
+from skillhub.services.calls import EXECUTION_SUMMARY_SCHEMA
 from skillhub.services.executions import execution_request
 from skillhub.services.skills import skill_create
 from tests.skillhub.conftest import NUMBERS, PY_ADD
@@ -277,8 +278,17 @@ def test_mcp_list_tools_shows_enabled_skills_as_mcp_tools(
 ) -> None:
     make_skill()
     make_skill("py_off", enabled=False)
+    make_skill("py_read", auto_call=True)
     tools = viewer_client.get("/api/v1/skills/mcpListTools").json()
-    assert tools == [{"name": "py_add", "description": "The py_add skill", "inputSchema": NUMBERS}]
+    assert [t["name"] for t in tools] == ["py_add", "py_read"]
+    add, read = tools
+    assert (add["description"], add["inputSchema"]) == ("The py_add skill", NUMBERS)
+    assert add["outputSchema"] == EXECUTION_SUMMARY_SCHEMA
+    assert add["annotations"] == {
+        "title": "py add", "readOnlyHint": False, "destructiveHint": True,
+        "idempotentHint": False, "openWorldHint": False,
+    }  # fmt: skip
+    assert read["annotations"] == {"title": "py read", "readOnlyHint": True, "openWorldHint": False}
 
 
 def test_a_zip_archive_is_accepted_and_unsafe_paths_are_not(operator_client: APIClient) -> None:
