@@ -78,12 +78,14 @@ WORKER_ENV = {
 
 
 @pytest.fixture
-def hosts(procs: list[Any], tmp_path: Path) -> list[SimulatedHost]:
+def hosts(procs: list[Any], tmp_path: Path, request: pytest.FixtureRequest) -> list[SimulatedHost]:
     if connection.vendor != "postgresql":
         pytest.skip("hosts reach PostgreSQL and Redis over the network; SQLite is a local file")
     why = netns_unavailable()
     if why:
         pytest.skip(why)
+    if settings.DB_POOLER:
+        _idle_transactions_end_on_the_server(request)
     tag, net = network_tag()
     made = []
     for index in range(1, HOSTS + 1):
@@ -94,6 +96,22 @@ def hosts(procs: list[Any], tmp_path: Path) -> list[SimulatedHost]:
     procs.append(proxy)
     proxy.start().wait_ready()
     return made
+
+
+def _idle_transactions_end_on_the_server(request: pytest.FixtureRequest) -> None:
+    """Behind a transaction pooler a worker cannot set ``idle_in_transaction_session_timeout``
+    when it connects (no startup options); production sets it on the role or the database
+    (docs/operations.md). Without it a partitioned host's open transaction would hold its
+    runs' row locks until TCP gives up. Set on the test database for this test only."""
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER DATABASE \"{name}\" SET idle_in_transaction_session_timeout = '5s'")
+
+    def reset() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET idle_in_transaction_session_timeout')
+
+    request.addfinalizer(reset)
 
 
 def _host_env(host: SimulatedHost) -> dict[str, str]:
