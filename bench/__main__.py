@@ -27,6 +27,8 @@ BENCHMARKS = [
     "dispatch",
     "resume",
     "claims",
+    # Behind PgBouncer (issue 25): the journal write inline vs psycopg's pipeline mode.
+    "pooler_batches",
     "harness_compile",
     "sandbox_latency",
     "skill_latency",
