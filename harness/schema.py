@@ -34,6 +34,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
+from runtime.schema_keys import allowed_keys
+
 WILDCARD = "*"
 """In a name list, ``"*"`` stands for every name."""
 
@@ -447,7 +449,9 @@ def _problem(error: Mapping[str, Any], prefix: Sequence[str | int]) -> SettingsP
         loc.pop()
         detail = f"key {loc[-1]!r}: {detail}"
     elif code == "extra_forbidden":
-        detail, code = f"unknown key {loc[-1]!r}", "unknown_key"
+        allowed = allowed_keys(HarnessLayer, loc[:-1])
+        known = f": allowed keys are {', '.join(allowed)}" if allowed else ""
+        detail, code = f"unknown key {loc[-1]!r}{known}", "unknown_key"
     elif code == "model_type":
         detail = "expected an object"
     return {"pointer": json_pointer([*prefix, *loc]), "detail": detail, "code": code}

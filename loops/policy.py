@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import InvalidInput
 from runtime.guardrails_config import guardrail_problems, parse_guardrail_config
+from runtime.schema_keys import unknown_key_detail
 
 
 class _StrictPolicyModel(BaseModel):
@@ -118,15 +119,19 @@ class PatternPolicy(_StrictPolicyModel):
         return None if value is None else parse_guardrail_config(value).to_api()
 
 
-def pydantic_errors(exc: ValidationError, prefix: str = "") -> list[dict[str, str]]:
-    """Every problem of a pydantic error, as [{pointer, detail, code}]."""
+def pydantic_errors(
+    exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> list[dict[str, str]]:
+    """Every problem of a pydantic error, as [{pointer, detail, code}]; with ``model``, an
+    unknown key's detail lists the keys allowed there."""
     out = []
     for err in exc.errors():
         path = "/".join(str(p) for p in err["loc"])
+        detail = unknown_key_detail(model, dict(err)) if model is not None else err["msg"]
         out.append(
             {
                 "pointer": f"{prefix}/{path}" if path else prefix or "/",
-                "detail": err["msg"],
+                "detail": detail,
                 "code": err["type"],
             }
         )
@@ -138,7 +143,7 @@ def parse_policy(data: Any) -> PatternPolicy:
     try:
         return PatternPolicy.model_validate(data or {})
     except ValidationError as exc:
-        errors = _with_content_safety(pydantic_errors(exc, "/policy"), data)
+        errors = _with_content_safety(pydantic_errors(exc, "/policy", PatternPolicy), data)
         raise InvalidInput(
             f"The pattern policy is invalid: {errors[0]['detail']}", errors=errors
         ) from exc

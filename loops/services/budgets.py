@@ -381,7 +381,7 @@ def _parse_budget(data: Any) -> Budget:
     try:
         return Budget.model_validate(data)
     except ValidationError as exc:
-        errors = pydantic_errors(exc, "/perRun")
+        errors = pydantic_errors(exc, "/perRun", Budget)
         raise InvalidInput(f"The budget is invalid: {errors[0]['detail']}", errors=errors) from exc
 
 

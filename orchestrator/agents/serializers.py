@@ -14,6 +14,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import URLValidator
 from drf_spectacular.utils import extend_schema_field
+from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from rest_framework import serializers
 
@@ -31,6 +32,7 @@ from orchestrator.strict import StrictModelSerializer
 from runtime import outbound
 from runtime.model_config import ModelParams
 from runtime.prompt_template import PromptTemplateError, check_prompt_template
+from runtime.schema_keys import unknown_key_detail
 from runtime.secrets import api_key_configured
 
 TOOL_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -72,7 +74,7 @@ class ModelParamsField(serializers.Field[Any, Any, dict[str, Any], Any]):
         try:
             return ModelParams.model_validate(data)
         except PydanticValidationError as exc:
-            raise serializers.ValidationError(_pydantic_errors(exc)) from None
+            raise serializers.ValidationError(_pydantic_errors(exc, ModelParams)) from None
 
     def to_representation(self, value: Any) -> dict[str, Any]:
         return dict(value or {})
@@ -121,15 +123,18 @@ class PresetMessagesField(serializers.JSONField):
     """An employee's few-shot messages (checked by ``validate_preset_messages``)."""
 
 
-def _pydantic_errors(exc: PydanticValidationError) -> dict[str, list[str]] | list[str]:
+def _pydantic_errors(
+    exc: PydanticValidationError, model: type[BaseModel] | None = None
+) -> dict[str, list[str]] | list[str]:
     errors: dict[str, list[str]] = {}
     general: list[str] = []
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
+        message = unknown_key_detail(model, dict(error)) if model is not None else error["msg"]
         if not loc:
-            general.append(error["msg"].removeprefix("Value error, "))
+            general.append(message.removeprefix("Value error, "))
             continue
-        errors.setdefault(loc[0], []).append(f"{'.'.join(loc)}: {error['msg']}")
+        errors.setdefault(loc[0], []).append(f"{'.'.join(loc)}: {message}")
     return errors or general
 
 
