@@ -39,10 +39,12 @@ class JsonField(forms.CharField):
 
     widget = forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "class": "mono"})
 
-    def __init__(self, *, kind: type = dict, **kwargs: Any) -> None:
+    def __init__(self, *, kind: type = dict, schema: str = "", **kwargs: Any) -> None:
         self.kind = kind
         kwargs.setdefault("strip", True)
         super().__init__(**kwargs)
+        if schema:  # checked as it is typed against /ui/schemas/<schema>.json (editor.js)
+            self.widget.attrs["data-json-schema"] = f"/ui/schemas/{schema}.json"
 
     def to_python(self, value: Any) -> Any:
         text = super().to_python(value)
@@ -116,6 +118,8 @@ def add_service_errors(
 
 _TEXT = {"class": "wide"}
 _TAG_INPUT = forms.TextInput(attrs={"list": "harness-tags"})
+#: An employee's username, with the employees offered (a <datalist id="employee-names">).
+_EMPLOYEE_INPUT = forms.TextInput(attrs={"list": "employee-names", "autocomplete": "off"})
 
 
 class PatternForm(forms.Form):
@@ -136,12 +140,20 @@ class PatternForm(forms.Form):
     timezone = forms.CharField(max_length=64, initial="UTC", help_text="For cron triggers.")
     missed_fire_policy = forms.ChoiceField(choices=MissedFirePolicy.choices)
     event_key = forms.CharField(max_length=100, required=False, help_text="Event triggers only.")
-    leader_username = forms.CharField(max_length=150, help_text="Plans; changes nothing.")
+    leader_username = forms.CharField(
+        max_length=150, help_text="Plans; changes nothing.", widget=_EMPLOYEE_INPUT
+    )
     maker_usernames = NameListField(
-        required=False, help_text="Comma-separated or one per line; each runs the plan in turn."
+        required=False,
+        help_text="Comma-separated or one per line; each runs the plan in turn.",
+        widget=forms.Textarea(
+            attrs={"rows": 3, "spellcheck": "false", "data-pick-from": "employee-names"}
+        ),
     )
     verifier_username = forms.CharField(
-        max_length=150, help_text="Judges independently: must differ from the leader and makers."
+        max_length=150,
+        help_text="Judges independently: must differ from the leader and makers.",
+        widget=_EMPLOYEE_INPUT,
     )
     leader_harness_tag = forms.CharField(max_length=100, initial="default", widget=_TAG_INPUT)
     maker_harness_tag = forms.CharField(max_length=100, initial="default", widget=_TAG_INPUT)
@@ -154,6 +166,7 @@ class PatternForm(forms.Form):
     )
     policy = JsonField(
         kind=dict,
+        schema="pattern-policy",
         required=False,
         help_text=(
             "JSON object: concurrency, budgets, approvals, toolLoop, requiredChecks, harness."
@@ -187,6 +200,7 @@ class TriggerForm(forms.Form):
     )
     harness_overrides = JsonField(
         kind=dict,
+        schema="harness-settings",
         required=False,
         label="Harness overrides",
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "mono"}),
@@ -213,6 +227,7 @@ class EmployeeHarnessForm(forms.Form):
     )
     harness = JsonField(
         kind=dict,
+        schema="harness-settings",
         required=False,
         label="Inline harness settings",
         widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
@@ -243,6 +258,7 @@ class ActionForm(forms.Form):
 class DraftForm(forms.Form):
     settings = JsonField(
         kind=dict,
+        schema="harness-settings",
         widget=forms.Textarea(attrs={"rows": 22, "spellcheck": "false", "class": "mono"}),
         help_text=(
             "Sections: tools, limits, paths, isolation, delegation, observability "
@@ -268,15 +284,19 @@ class CompileForm(forms.Form):
         help_text="A profile tag, or tag@version.",
         widget=forms.TextInput(attrs={"list": "compile-tags"}),
     )
-    pattern = JsonField(kind=dict, required=False, label="Pattern layer")
+    pattern = JsonField(kind=dict, schema="harness-settings", required=False, label="Pattern layer")
     employee = forms.CharField(
         max_length=150,
         required=False,
         label="Employee username",
         widget=forms.TextInput(attrs={"list": "compile-employees"}),
     )
-    employee_layer = JsonField(kind=dict, required=False, label="Employee layer")
-    overrides = JsonField(kind=dict, required=False, label="Run overrides")
+    employee_layer = JsonField(
+        kind=dict, schema="harness-settings", required=False, label="Employee layer"
+    )
+    overrides = JsonField(
+        kind=dict, schema="harness-settings", required=False, label="Run overrides"
+    )
     tools = JsonField(
         kind=list,
         required=False,
@@ -390,7 +410,15 @@ class SkillForm(forms.Form):
     code_template = forms.CharField(
         label="Code template",
         strip=False,
-        widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false", "class": "mono"}),
+        widget=forms.Textarea(
+            attrs={
+                "rows": 14,
+                "spellcheck": "false",
+                "class": "mono",
+                "data-code-editor": "python",
+                "data-language-from": "id_language",
+            }
+        ),
         help_text="The program; {{name}} is replaced by the input as a literal of the language. "
         "Files written under out/ are kept as output files. Inputs are also on stdin as JSON.",
     )

@@ -17,6 +17,7 @@ from frontend.views import (
     patterns,
     policies,
     runs,
+    schemas,
     skills,
 )
 from frontend.views import gateway as gateway_pages
@@ -157,6 +158,7 @@ urlpatterns = [
     ),
     # "/metrics" is the Prometheus exposition (orchestrator/metrics_view.py).
     path("ui/metrics", metrics.metrics, name="metrics"),
+    path("ui/schemas/<slug:name>.json", schemas.json_schema, name="json-schema"),
     # Live updates (server-sent events)
     path("ui/stream/runs", streams.runs_stream, name="stream-runs"),
     path("ui/stream/approvals", streams.approvals_stream, name="stream-approvals"),

@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from frontend.access import actor_of, ui_view
 from frontend.forms import PatternForm, TriggerForm, add_service_errors
 from frontend.selectors import patterns, policies
+from frontend.selectors.agents import employee_usernames
 from frontend.templatetags.ui import short_id
 from loops.services.patterns import pattern_create, pattern_update
 from loops.services.runs import run_harness_notices, run_trigger
@@ -19,7 +20,12 @@ from orchestrator.errors import DomainError, InvalidInput
 
 
 def _form_context(form: PatternForm, **extra: Any) -> dict[str, Any]:
-    return {"form": form, "harness_tags": policies.published_tags(), **extra}
+    return {
+        "form": form,
+        "harness_tags": policies.published_tags(),
+        "employee_names": employee_usernames(),
+        **extra,
+    }
 
 
 def _refuse(form: Any, exc: DomainError, fallback: str | None = None) -> None:

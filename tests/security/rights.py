@@ -124,6 +124,7 @@ RIGHTS: dict[str, dict[str, str]] = {
             "endpoint",
             "stream-runs",
             "stream-run",
+            "json-schema",
         )
     },
     "ui:run-action": {"POST": OPERATOR},
