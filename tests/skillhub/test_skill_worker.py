@@ -65,7 +65,9 @@ def test_a_node_skill_runs_through_mcp_call_tool(
     )  # fmt: skip
     client = api_client_for("operator")
     tools = client.get("/api/v1/skills/mcpListTools").json()
-    assert {"name": "node_upper", "description": "Upper-cases text", "inputSchema": TEXT} in tools
+    [listed] = [tool for tool in tools if tool["name"] == "node_upper"]
+    assert (listed["description"], listed["inputSchema"]) == ("Upper-cases text", TEXT)
+    assert listed["annotations"]["destructiveHint"] is True  # not auto_call: a write
     response = client.post(
         "/api/v1/skills/mcpCallTool",
         {"name": "node_upper", "arguments": {"text": 'héllo"); process.exit(9); ("'}},
