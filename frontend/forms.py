@@ -482,3 +482,30 @@ class SkillTestForm(forms.Form):
         label="Inputs (JSON)",
         help_text="A JSON object matching the input schema.",
     )
+
+
+class SkillImportForm(forms.Form):
+    """The Git import page: a repository and a ref; ``commit`` pins the applied import to the
+    commit the preview showed."""
+
+    repository = forms.CharField(
+        max_length=1000,
+        label="Repository",
+        help_text="An https:// Git URL whose root holds skills.json (schemes and hosts "
+        "allowed: LOOPWRIGHT_GIT_SCHEMES, LOOPWRIGHT_GIT_HOSTS).",
+        widget=forms.TextInput(attrs={"class": "wide mono", "spellcheck": "false"}),
+    )
+    ref = forms.CharField(
+        max_length=200,
+        required=False,
+        initial="HEAD",
+        label="Ref",
+        help_text="A branch, tag or commit (HEAD when empty).",
+        widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
+    )
+    commit = forms.RegexField(
+        regex=r"^[0-9a-f]{40}([0-9a-f]{24})?$", required=False, widget=forms.HiddenInput
+    )
+
+    def clean_ref(self) -> str:
+        return str(self.cleaned_data.get("ref") or "").strip() or "HEAD"

@@ -18,6 +18,7 @@ from frontend.views import (
     policies,
     runs,
     schemas,
+    skill_import,
     skills,
 )
 from frontend.views import gateway as gateway_pages
@@ -123,6 +124,7 @@ urlpatterns = [
     path("connectors/<slug:name>/refresh", connectors.connector_refresh, name="connector-refresh"),
     path("skills", skills.skill_list, name="skills"),
     path("skills/new", skills.skill_create_view, name="skill-create"),
+    path("skills/import", skill_import.skill_import_view, name="skill-import"),
     path("skills/<slug:tool_name>", skills.skill_detail, name="skill"),
     path("skills/<slug:tool_name>/edit", skills.skill_edit_view, name="skill-edit"),
     path("skills/<slug:tool_name>/test", skills.skill_test_view, name="skill-test"),

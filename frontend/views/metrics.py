@@ -10,6 +10,7 @@ from django.utils import timezone
 from frontend.access import ui_view
 from frontend.charts import Chart, stacked_bars
 from frontend.selectors import metrics_series as series
+from frontend.selectors import skill_usage
 from frontend.selectors.metrics import Metrics, metrics_summary
 from frontend.templatetags.ui import seconds
 
@@ -27,7 +28,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if days not in WINDOWS:
         days = DEFAULT_WINDOW
     summary = metrics_summary(days)
-    context = {"metrics": summary, "windows": WINDOWS, "charts": charts(summary)}
+    context = {
+        "metrics": summary,
+        "windows": WINDOWS,
+        "charts": charts(summary),
+        "skills": skill_usage.skill_usage(summary.since),
+    }
     return render(request, "frontend/metrics.html", context)
 
 
@@ -37,7 +43,7 @@ def wait_text(value: float) -> str:
 
 
 def charts(summary: Metrics) -> dict[str, Chart]:
-    """The page's four charts over its window, one bar per UTC day."""
+    """The page's charts over its window, one bar per UTC day."""
     days = series.window_days(summary.since, timezone.now())
     tokens, cost = series.usage_series(days, summary.usage)
     return {
@@ -56,5 +62,10 @@ def charts(summary: Metrics) -> dict[str, Chart]:
             "Model failures per day, by endpoint",
             days,
             series.model_errors_per_day(days, summary.since),
+        ),
+        "skills": stacked_bars(
+            "Skill calls per day, by outcome",
+            days,
+            skill_usage.skill_calls_per_day(days, summary.since),
         ),
     }

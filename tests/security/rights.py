@@ -130,6 +130,8 @@ RIGHTS: dict[str, dict[str, str]] = {
     "ui:run-action": {"POST": OPERATOR},
     "ui:run-retry": {"POST": OPERATOR},
     "ui:pattern-create": {"GET": OPERATOR, "POST": OPERATOR},
+    # the Git import page: operators, as gitListSkills / gitSyncSkills (the preview reaches out)
+    "ui:skill-import": {"GET": OPERATOR, "POST": OPERATOR},
     "ui:pattern-edit": {"GET": OPERATOR, "POST": OPERATOR},
     "ui:pattern-trigger": {"GET": OPERATOR, "POST": OPERATOR},
     "ui:policy-draft": {"GET": ADMIN, "POST": ADMIN},
