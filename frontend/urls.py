@@ -24,6 +24,7 @@ from frontend.views import (
 from frontend.views import gateway as gateway_pages
 from frontend.views import instructions as instruction_pages
 from frontend.views import knowledge as knowledge_pages
+from frontend.views import skill_versions as skill_version_pages
 
 app_name = "ui"
 _ACTIONS = "pause|resume|cancel|escalate|accept"
@@ -128,6 +129,11 @@ urlpatterns = [
     path("skills/<slug:tool_name>", skills.skill_detail, name="skill"),
     path("skills/<slug:tool_name>/edit", skills.skill_edit_view, name="skill-edit"),
     path("skills/<slug:tool_name>/test", skills.skill_test_view, name="skill-test"),
+    path(
+        "skills/<slug:tool_name>/rollback",
+        skill_version_pages.skill_rollback_view,
+        name="skill-rollback",
+    ),
     path(
         "skills/<slug:tool_name>/executions/<str:execution_id>",
         skills.execution_detail,

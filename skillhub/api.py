@@ -118,7 +118,11 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
 
     def perform_update(self, serializer: SkillSerializer) -> None:  # type: ignore[override]
         assert serializer.instance is not None
-        serializer.instance = skill_update(skill=serializer.instance, **serializer.service_fields())
+        serializer.instance = skill_update(
+            skill=serializer.instance,
+            actor=request_actor(self.request),
+            **serializer.service_fields(),
+        )
 
     def perform_destroy(self, instance: Skill) -> None:
         skill_delete(skill=instance)

@@ -36,6 +36,8 @@ class SkillSource(models.TextChoices):
     DB_ZIP = "db-zip", "Database (zip upload)"
     LOCAL_DIR = "local-dir", "Local directory"
     GIT = "git", "Git repository"
+    #: A package of a registry index (``skillhub.services.registry``).
+    REGISTRY = "registry", "Registry package"
 
 
 class Skill(models.Model):
@@ -94,6 +96,40 @@ class Skill(models.Model):
     @property
     def agent_tool_name(self) -> str:
         return TOOL_PREFIX + self.tool_name
+
+
+class SkillVersion(models.Model):
+    """One state of a skill after a change (create, edit, sync, install, rollback): every
+    editable field, written in the change's transaction and never altered
+    (``skillhub.services.versions``)."""
+
+    skill = models.ForeignKey(Skill, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    #: Every editable field but the archive, plus ``source_commit``.
+    state = models.JSONField()
+    archive = models.BinaryField(null=True, blank=True)
+    archive_sha256 = models.CharField(max_length=64, blank=True, default="")
+    actor = models.CharField(max_length=150, blank=True, default="")
+    #: What made it: ``create``, ``update``, ``git-sync``, ``registry``, ``rollback``, ``baseline``.
+    kind = models.CharField(max_length=20)
+    reason = models.TextField(blank=True, default="")
+    #: rollback: the version whose state was restored.
+    restored_from = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["skill", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["skill", "number"], name="skillhub_version_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.skill_id} v{self.number}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if not self._state.adding:
+            raise ValueError("skill versions are immutable")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
 
 
 class ExecutionStatus(models.TextChoices):

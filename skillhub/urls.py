@@ -1,13 +1,26 @@
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from skillhub.api import ExecutionViewSet, SkillViewSet
 from skillhub.api_directories import SkillDirectoryViewSet
+from skillhub.api_versions import (
+    RegistryInstallView,
+    RegistryListView,
+    SkillRollbackView,
+    SkillVersionsView,
+)
 
 router = SimpleRouter(trailing_slash=False)
 router.register("skills", SkillViewSet, basename="skill")
 router.register("skill-executions", ExecutionViewSet, basename="skill-execution")
 router.register("skill-directories", SkillDirectoryViewSet, basename="skill-directory")
 
-urlpatterns = [*router.urls]
+urlpatterns = [
+    path("skills/registry/list", RegistryListView.as_view(), name="skill-registry-list"),
+    path("skills/registry/install", RegistryInstallView.as_view(), name="skill-registry-install"),
+    path("skills/<slug:tool_name>/versions", SkillVersionsView.as_view(), name="skill-versions"),
+    path("skills/<slug:tool_name>/rollback", SkillRollbackView.as_view(), name="skill-rollback"),
+    *router.urls,
+]

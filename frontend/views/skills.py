@@ -30,6 +30,7 @@ from skillhub.services.access import Caller
 from skillhub.services.events import events_after
 from skillhub.services.executions import execution_manifest, execution_request, execution_wait
 from skillhub.services.skills import skill_create, skill_update
+from skillhub.services.versions import versions_list
 
 #: The longest a test run holds the request (seconds); ``LOOPWRIGHT_UI["SKILL_TEST_WAIT_SECONDS"]``.
 TEST_WAIT_SECONDS = 20.0
@@ -71,7 +72,11 @@ def skill_list(request: HttpRequest) -> HttpResponse:
 def skill_detail(request: HttpRequest, tool_name: str) -> HttpResponse:
     """The definition and the execution history, newest first (``?page=``)."""
     skill = skills.skill_of(tool_name)
-    context = {"skill": skill, "history": skills.skill_history(skill, request.GET.get("page"))}
+    context = {
+        "skill": skill,
+        "history": skills.skill_history(skill, request.GET.get("page")),
+        "versions": versions_list(skill),
+    }
     return render(request, "frontend/skills/detail.html", context)
 
 
@@ -102,7 +107,7 @@ def skill_edit_view(request: HttpRequest, tool_name: str) -> HttpResponse:
         if form.cleaned_data.get("tool_name"):
             fields["tool_name"] = form.cleaned_data["tool_name"]  # the service refuses a change
         try:
-            updated = skill_update(skill=skill, **fields)
+            updated = skill_update(skill=skill, actor=actor_of(request), **fields)
         except Conflict as exc:
             form.add_error("tool_name", exc.detail)
         except DomainError as exc:

@@ -100,6 +100,7 @@ def _read_skill(root: Path, entry_spec: dict[str, Any]) -> dict[str, Any]:
         archive=_folder_zip(folder, entry),
     )
     skill.setdefault("enabled", False)
+    skill.setdefault("language", language)  # the default that chose the entry file, stored
     skill.setdefault("input_schema", {"type": "object", "properties": {}})
     return skill
 
@@ -175,17 +176,19 @@ def _apply(plan: dict[str, list[Any]], repository: str, commit: str, actor: str)
     with transaction.atomic():
         for wanted in plan["create"]:
             fields = {k: v for k, v in wanted.items() if k != "tool_name"}
-            skill = skill_create(
+            skill_create(
                 actor=actor, tool_name=wanted["tool_name"], source=SkillSource.GIT,
-                source_ref=repository, **fields,
+                source_ref=repository, kind="git-sync", reason=f"git sync {commit}",
+                source_commit=commit, **fields,
             )  # fmt: skip
-            Skill.objects.filter(pk=skill.pk).update(source_commit=commit)
         for item in plan["update"]:
             wanted = item["skill"]
             fields = {k: v for k, v in wanted.items() if k not in ("tool_name", "enabled")}
             skill = Skill.objects.get(tool_name=wanted["tool_name"])
-            skill_update(skill=skill, **fields)
-            Skill.objects.filter(pk=skill.pk).update(source_commit=commit)
+            skill_update(
+                skill=skill, actor=actor, kind="git-sync", reason=f"git sync {commit}",
+                source_commit=commit, **fields,
+            )  # fmt: skip
 
 
 def _diff_view(plan: dict[str, list[Any]]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillSource, ToolScope
 from skillhub.render import placeholders
 from skillhub.services.localdir import LocalDirRefused, local_dir_validate
 from skillhub.services.packages import package_hint, package_pattern
+from skillhub.services.versions import version_baseline, version_record
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 #: Largest zip upload and largest total of its unpacked files.
@@ -186,8 +187,12 @@ def skill_validate(data: Mapping[str, Any]) -> None:
 
 
 @transaction.atomic
-def skill_create(*, actor: str, tool_name: str, **fields: Any) -> Skill:
-    """Create a skill; ``tool_name`` must match ``TOOL_NAME_PATTERN`` and be unused."""
+def skill_create(
+    *, actor: str, tool_name: str, kind: str = "create", reason: str = "",
+    source_commit: str = "", **fields: Any,
+) -> Skill:  # fmt: skip
+    """Create a skill; ``tool_name`` must match ``TOOL_NAME_PATTERN`` and be unused. Its first
+    version (``kind``, ``reason``) is recorded with it."""
     unknown = sorted(set(fields) - set(EDITABLE))
     if unknown:
         raise InvalidInput(f"unknown fields: {', '.join(unknown)}")
@@ -197,12 +202,20 @@ def skill_create(*, actor: str, tool_name: str, **fields: Any) -> Skill:
     skill_validate(data)
     if Skill.objects.filter(tool_name=tool_name).exists():
         _raise([_err("/tool_name", f"a skill named {tool_name!r} already exists", "unique")])
-    return Skill.objects.create(tool_name=tool_name, created_by=actor, **data)
+    skill = Skill.objects.create(
+        tool_name=tool_name, created_by=actor, source_commit=source_commit, **data
+    )
+    version_record(skill, actor=actor, kind=kind, reason=reason)
+    return skill
 
 
 @transaction.atomic
-def skill_update(*, skill: Skill, **fields: Any) -> Skill:
-    """Change a skill's editable fields; ``tool_name`` cannot change (409)."""
+def skill_update(
+    *, skill: Skill, actor: str = "", kind: str = "update", reason: str = "",
+    source_commit: str | None = None, **fields: Any,
+) -> Skill:  # fmt: skip
+    """Change a skill's editable fields; ``tool_name`` cannot change (409). The new state is
+    recorded as a version (``actor``, ``kind``, ``reason``) in the same transaction."""
     if "tool_name" in fields and fields.pop("tool_name") != skill.tool_name:
         raise Conflict(
             "tool_name is immutable: agents and MCP clients call the skill by it. "
@@ -217,9 +230,13 @@ def skill_update(*, skill: Skill, **fields: Any) -> Skill:
         data["archive"] = bytes(data["archive"])
     data.update(fields)
     skill_validate(data)
+    version_baseline(locked)
+    if source_commit is not None:
+        fields["source_commit"] = source_commit
     for name, value in fields.items():
         setattr(locked, name, value)
     locked.save(update_fields=[*fields, "updated_at"])
+    version_record(locked, actor=actor, kind=kind, reason=reason)
     return locked
 
 

@@ -168,6 +168,13 @@ RIGHTS: dict[str, dict[str, str]] = {
     "skill-directory-list": {**READ, "POST": OPERATOR},
     "skill-directory-detail": {**READ, "PATCH": OPERATOR, "DELETE": OPERATOR},
     "skill-directory-sync": {"POST": OPERATOR},
+    # skill versions and registry install (docs/skills.md): everyone reads the chain, operators
+    # roll back and install, as they edit skills
+    "skill-versions": READ,
+    "skill-rollback": {"POST": OPERATOR},
+    "skill-registry-list": {"POST": OPERATOR},
+    "skill-registry-install": {"POST": OPERATOR},
+    "ui:skill-rollback": {"POST": OPERATOR},
     "mcp-server-list": {**READ, "POST": ADMIN},
     "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
     "mcp-server-refresh": {"POST": ADMIN},

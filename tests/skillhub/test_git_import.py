@@ -149,6 +149,11 @@ def test_git_sync_shows_the_diff_then_applies_it(
     assert "v2" not in Skill.objects.get(tool_name="word_count").code_template
     sync(operator_client, url, apply=True)
     assert Skill.objects.get(tool_name="word_count").code_template.endswith("print('v2')\n")
+    chain = Skill.objects.get(tool_name="word_count").versions.order_by("number")
+    assert [(v.kind, v.actor, v.state["source_commit"]) for v in chain] == [
+        ("git-sync", "operator", word.source_commit),
+        ("git-sync", "operator", git(repo, "rev-parse", "HEAD")),
+    ]
 
 
 def test_a_local_skill_of_the_same_name_is_not_overwritten(
