@@ -21,6 +21,9 @@ from skillhub.services.packages import package_hint, package_pattern
 from skillhub.services.versions import version_baseline, version_record
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
+#: Names that are collection actions under ``/api/v1/skills/`` (a skill of that name could not
+#: be addressed there).
+RESERVED_TOOL_NAMES = frozenset({"snapshot"})
 #: Largest zip upload and largest total of its unpacked files.
 ARCHIVE_MAX_BYTES = 20 * 1024 * 1024
 ARCHIVE_MAX_UNPACKED = 50 * 1024 * 1024
@@ -198,6 +201,8 @@ def skill_create(
         raise InvalidInput(f"unknown fields: {', '.join(unknown)}")
     if not _TOOL_NAME.match(tool_name or ""):
         _raise([_err("/tool_name", f"must match {TOOL_NAME_PATTERN}")])
+    if tool_name in RESERVED_TOOL_NAMES:
+        _raise([_err("/tool_name", f"{tool_name!r} is reserved (/api/v1/skills/{tool_name})")])
     data = {**_defaults(), **fields}
     skill_validate(data)
     if Skill.objects.filter(tool_name=tool_name).exists():

@@ -164,6 +164,8 @@ RIGHTS: dict[str, dict[str, str]] = {
     "ui:knowledge-access": {"GET": VIEWER, "POST": OPERATOR},
     "ui:knowledge-upload": {"POST": OPERATOR},
     "ui:knowledge-search": {"POST": OPERATOR},
+    # skill snapshots: operators export (every program and file) and import (docs/skills.md)
+    "skill-snapshot": {"GET": OPERATOR, "POST": OPERATOR},
     # skills directories: everyone reads, operators write and sync (docs/skill-directories.md)
     "skill-directory-list": {**READ, "POST": OPERATOR},
     "skill-directory-detail": {**READ, "PATCH": OPERATOR, "DELETE": OPERATOR},
