@@ -309,6 +309,7 @@ class Personas:
     def __init__(self) -> None:
         self.users = {p: user_ensure(username=p, roles=PERSONAS[p]) for p in PERSONAS}
         self.api: dict[str, APIClient] = {}
+        self.browsers: dict[str, Client] = {}
         for persona in PERSONA_ORDER:
             client = APIClient()
             client.raise_request_exception = False
@@ -318,10 +319,18 @@ class Personas:
             self.api[persona] = client
 
     def browser(self, persona: str) -> Client:
-        client = Client(raise_request_exception=False)  # CSRF is not what is tested here
-        if persona != "anonymous":
-            client.force_login(self.users[persona])
+        """The persona's logged-in browser, one per persona (a login writes a session row;
+        :meth:`forget` after a route that may end the session, such as logout)."""
+        client = self.browsers.get(persona)
+        if client is None:
+            client = Client(raise_request_exception=False)  # CSRF is not what is tested here
+            if persona != "anonymous":
+                client.force_login(self.users[persona])
+            self.browsers[persona] = client
         return client
+
+    def forget(self, persona: str) -> None:
+        self.browsers.pop(persona, None)
 
 
 def call(personas: Personas, persona: str, route: Route, method: str, body: dict[str, Any]) -> Any:
@@ -334,7 +343,10 @@ def call(personas: Personas, persona: str, route: Route, method: str, body: dict
     if method == "GET":
         return browser.get(route.path)
     form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items()}
-    return browser.post(route.path, form)
+    response = browser.post(route.path, form)
+    if route.area == "admin" or "log" in (route.name or ""):  # may have ended the session
+        personas.forget(persona)
+    return response
 
 
 def refused(route: Route, response: Any) -> bool:
