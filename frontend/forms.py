@@ -509,3 +509,35 @@ class SkillImportForm(forms.Form):
 
     def clean_ref(self) -> str:
         return str(self.cleaned_data.get("ref") or "").strip() or "HEAD"
+
+
+class SkillReviewForm(forms.Form):
+    """A skill's human review settings (skillhub.services.review judges them)."""
+
+    requires_review = forms.BooleanField(
+        required=False,
+        label="Every agent call waits for a person",
+        help_text="Even where the harness or the pattern's autoAllowlist would allow it.",
+    )
+    review_prompt = forms.CharField(
+        required=False,
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Shown to the reviewer with each call (it is the approval's reason).",
+    )
+    review_schema = JsonField(
+        kind=dict,
+        required=False,
+        label="Review schema",
+        help_text="Optional JSON Schema (an object) of what the reviewer checks.",
+    )
+
+    @classmethod
+    def initial_of(cls, config: Any) -> dict[str, Any]:
+        if config is None:
+            return {"requires_review": False}
+        return {
+            "requires_review": config.requires_review,
+            "review_prompt": config.review_prompt,
+            "review_schema": config.review_schema,
+        }

@@ -129,6 +129,7 @@ urlpatterns = [
     path("skills/<slug:tool_name>", skills.skill_detail, name="skill"),
     path("skills/<slug:tool_name>/edit", skills.skill_edit_view, name="skill-edit"),
     path("skills/<slug:tool_name>/test", skills.skill_test_view, name="skill-test"),
+    path("skills/<slug:tool_name>/review", skills.skill_review_view, name="skill-review"),
     path(
         "skills/<slug:tool_name>/rollback",
         skill_version_pages.skill_rollback_view,

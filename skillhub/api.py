@@ -53,6 +53,7 @@ from skillhub.services.calls import QUEUE_GRACE_SECONDS, mcp_call_tool, mcp_list
 from skillhub.services.events import EVENTS_PAGE, events_after
 from skillhub.services.executions import execution_request, execution_wait
 from skillhub.services.gitimport import git_list_skills, git_sync_skills
+from skillhub.services.review import skill_review_save
 from skillhub.services.skills import skill_create, skill_delete, skill_update
 from skillhub.streams import execution_event_stream
 
@@ -261,7 +262,13 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
             return Response(LoopConfigSerializer(config).data)
         body = LoopConfigSerializer(config, data=request.data)
         body.is_valid(raise_exception=True)
-        saved = body.save(skill=skill)
+        values = body.validated_data
+        saved = skill_review_save(
+            skill=skill,
+            requires_review=bool(values.get("requires_review", True)),
+            review_prompt=str(values.get("review_prompt") or ""),
+            review_schema=values.get("review_schema"),
+        )
         return Response(LoopConfigSerializer(saved).data)
 
 

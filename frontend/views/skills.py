@@ -19,16 +19,17 @@ from django.urls import reverse
 
 from frontend.access import actor_of, can, ui_view
 from frontend.errors import error_page
-from frontend.forms import SkillForm, SkillTestForm, add_service_errors
+from frontend.forms import SkillForm, SkillReviewForm, SkillTestForm, add_service_errors
 from frontend.selectors import agents, skills
 from frontend.templatetags.ui import short_id
 from orchestrator.accounts.roles import Role
 from orchestrator.errors import Conflict, DomainError, InvalidInput
-from skillhub.models import Skill
+from skillhub.models import Skill, SkillLoopConfig
 from skillhub.render import with_defaults
 from skillhub.services.access import Caller
 from skillhub.services.events import events_after
 from skillhub.services.executions import execution_manifest, execution_request, execution_wait
+from skillhub.services.review import skill_review_save
 from skillhub.services.skills import skill_create, skill_update
 from skillhub.services.versions import versions_list
 
@@ -72,12 +73,44 @@ def skill_list(request: HttpRequest) -> HttpResponse:
 def skill_detail(request: HttpRequest, tool_name: str) -> HttpResponse:
     """The definition and the execution history, newest first (``?page=``)."""
     skill = skills.skill_of(tool_name)
-    context = {
+    return render(request, "frontend/skills/detail.html", _page_context(request, skill))
+
+
+def _page_context(
+    request: HttpRequest, skill: Skill, review_form: SkillReviewForm | None = None
+) -> dict[str, Any]:
+    config = SkillLoopConfig.objects.filter(skill=skill).first()
+    if review_form is None and can(request.user, Role.OPERATOR):
+        review_form = SkillReviewForm(initial=SkillReviewForm.initial_of(config))
+    return {
         "skill": skill,
         "history": skills.skill_history(skill, request.GET.get("page")),
         "versions": versions_list(skill),
+        "review": config,
+        "review_form": review_form,
     }
-    return render(request, "frontend/skills/detail.html", context)
+
+
+@ui_view(methods=("POST",), write=Role.OPERATOR)
+def skill_review_view(request: HttpRequest, tool_name: str) -> HttpResponse:
+    """The skill's human review settings: the same service as the API's ``.../review``."""
+    skill = skills.skill_of(tool_name)
+    form = SkillReviewForm(request.POST)
+    if form.is_valid():
+        try:
+            skill_review_save(
+                skill=skill,
+                requires_review=form.cleaned_data["requires_review"],
+                review_prompt=form.cleaned_data["review_prompt"] or "",
+                review_schema=form.cleaned_data["review_schema"],
+            )
+        except InvalidInput as exc:
+            add_service_errors(form, exc.extra.get("errors") or [], fallback="review_schema")
+        else:
+            messages.success(request, "Review settings saved.")
+            return redirect("ui:skill", tool_name=skill.tool_name)
+    context = _page_context(request, skill, review_form=form)
+    return render(request, "frontend/skills/detail.html", context, status=400)
 
 
 @ui_view(methods=("GET", "POST"), write=Role.OPERATOR, form_page=True)

@@ -177,6 +177,7 @@ RIGHTS: dict[str, dict[str, str]] = {
     "skill-registry-list": {"POST": OPERATOR},
     "skill-registry-install": {"POST": OPERATOR},
     "ui:skill-rollback": {"POST": OPERATOR},
+    "ui:skill-review": {"POST": OPERATOR},
     "mcp-server-list": {**READ, "POST": ADMIN},
     "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
     "mcp-server-refresh": {"POST": ADMIN},

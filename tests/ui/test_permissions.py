@@ -87,6 +87,7 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             # The guard refuses before the repository is read (tests/ui/test_skill_import_*.py).
             "skill-import": ("/skills/import", {"repository": "x"}, Role.OPERATOR),
             "skill-rollback": ("/skills/greet/rollback", {"reason": "x"}, Role.OPERATOR),
+            "skill-review": ("/skills/greet/review", {"requires_review": "on"}, Role.OPERATOR),
             # The guard refuses before the employee is looked up.
             "employee-harness": ("/employees/x/harness", {"harness_tag": ""}, Role.OPERATOR),
             # Grants are access control: admins only (tests/ui/test_employee_endpoint_pages.py).
