@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncDate
 
 from frontend.selectors.metrics import WAIT_SAMPLE, DayUsage
@@ -46,18 +46,30 @@ def _by_day(days: list[date], counts: dict[tuple[date, str], float], names: list
     return {name: [float(counts.get((day, name), 0)) for day in days] for name in names}
 
 
-def runs_per_day(days: list[date], since: datetime) -> Series:
-    rows = (
-        LoopRun.objects.filter(created_at__gte=since)
-        .annotate(day=TruncDate("created_at"))
+def status_per_day(
+    rows: QuerySet[Any], days: list[date], group: Callable[[str], str], names: list[str]
+) -> Series:
+    """Rows (with ``created_at`` and ``status``) counted per UTC day of creation and per
+    ``group(status)``; one grouped query."""
+    per_day = (
+        rows.annotate(day=TruncDate("created_at"))
         .values("day", "status")
         .annotate(n=Count("id"))
         .values_list("day", "status", "n")
     )
     counts: Counter[tuple[date, str]] = Counter()
-    for day, status, n in rows:
-        counts[(day, RUN_GROUPS.get(status, NOT_ENDED))] += n
-    return _by_day(days, dict(counts), [*RUN_GROUPS.values(), NOT_ENDED])
+    for day, status, n in per_day:
+        counts[(day, group(status))] += n
+    return _by_day(days, dict(counts), names)
+
+
+def runs_per_day(days: list[date], since: datetime) -> Series:
+    return status_per_day(
+        LoopRun.objects.filter(created_at__gte=since),
+        days,
+        lambda status: RUN_GROUPS.get(status, NOT_ENDED),
+        [*RUN_GROUPS.values(), NOT_ENDED],
+    )
 
 
 def approval_wait_per_day(days: list[date], since: datetime) -> Series:

@@ -8,15 +8,14 @@ database; durations come from the newest :data:`DURATION_SAMPLE` finished execut
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime
 
 from django.db.models import Count, Q
-from django.db.models.functions import TruncDate
 
 from frontend.selectors.metrics import _percentile
-from frontend.selectors.metrics_series import Series, _by_day
+from frontend.selectors.metrics_series import Series, status_per_day
 from skillhub.models import ExecutionStatus, SkillExecution
 
 #: Finished executions read (newest first) for the duration percentiles, to bound the page's cost.
@@ -121,14 +120,9 @@ def skill_usage(since: datetime) -> SkillUsage:
 
 def skill_calls_per_day(days: list[date], since: datetime) -> Series:
     """Skill executions per UTC day of their request, by outcome (succeeded, failed, other)."""
-    rows = (
-        SkillExecution.objects.filter(created_at__gte=since)
-        .annotate(day=TruncDate("created_at"))
-        .values("day", "status")
-        .annotate(n=Count("id"))
-        .values_list("day", "status", "n")
+    return status_per_day(
+        SkillExecution.objects.filter(created_at__gte=since),
+        days,
+        lambda status: status if status in OUTCOMES else "other",
+        list(OUTCOMES),
     )
-    counts: Counter[tuple[date, str]] = Counter()
-    for day, status, n in rows:
-        counts[(day, status if status in OUTCOMES else "other")] += n
-    return _by_day(days, dict(counts), list(OUTCOMES))
