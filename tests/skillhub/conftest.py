@@ -37,8 +37,16 @@ SKILL_QUEUE = f"skills-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 @pytest.fixture(autouse=True)
-def _own_skill_queue(settings: Any) -> None:
-    settings.SKILLHUB = {**settings.SKILLHUB, "QUEUE": SKILL_QUEUE}
+def _own_skill_queue(settings: Any, request: pytest.FixtureRequest) -> None:
+    """Executions are nudged to this process's queue. A module that also runs executions
+    inline (``INLINE_EXECUTIONS = True``) sends its other tests' nudges to a queue nobody
+    consumes: its module-scoped ``skills_worker`` may still be alive and would claim them
+    first (the inline ``execution_run`` then finds nothing to claim)."""
+    queue = SKILL_QUEUE
+    inline = getattr(request.module, "INLINE_EXECUTIONS", False)
+    if inline and "skills_worker" not in request.fixturenames:
+        queue = f"{SKILL_QUEUE}-inline"
+    settings.SKILLHUB = {**settings.SKILLHUB, "QUEUE": queue}
 
 
 def skill_worker_env(**extra: str) -> dict[str, str]:

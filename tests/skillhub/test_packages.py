@@ -22,6 +22,8 @@ from skillhub.services.packages import packages_missing_text
 from tests.skillhub.conftest import NUMBERS, SKILL_QUEUE, TEXT, SkillsWorker
 
 PROBLEM = "application/problem+json"
+#: Some tests run executions inline beside a module-scoped skills worker (conftest).
+INLINE_EXECUTIONS = True
 MARKER = "import sys\nprint('program ran')\n"
 
 

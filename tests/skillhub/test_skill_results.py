@@ -29,6 +29,8 @@ from skillhub.services.skills import skill_create
 from tests.skillhub.conftest import TEXT, SkillsWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+#: Some tests run executions inline beside a module-scoped skills worker (conftest).
+INLINE_EXECUTIONS = True
 PROBLEM = "application/problem+json"
 EMPTY = {"type": "object", "properties": {}}
 #: Programs printing NUL characters (as escapes in the source: the program text has none).
