@@ -210,6 +210,8 @@ class RunUsage:
     cost: Decimal = Decimal(0)
     model_steps: int = 0
     tool_steps: int = 0
+    model_ms: int = 0  # the steps' own durations, by kind
+    tool_ms: int = 0
 
 
 def run_usage(run_id: uuid.UUID) -> RunUsage:
@@ -219,13 +221,21 @@ def run_usage(run_id: uuid.UUID) -> RunUsage:
         tokens_out=Coalesce(Sum("tokens_out"), 0),
         cost=Coalesce(Sum("cost"), Decimal(0), output_field=DecimalField()),
     )
-    kinds = dict(steps.values("kind").annotate(n=Count("id")).values_list("kind", "n"))
+    kinds = {
+        kind: (n, int(ms or 0))
+        for kind, n, ms in steps.values("kind")
+        .annotate(n=Count("id"), ms=Sum("duration_ms"))
+        .values_list("kind", "n", "ms")
+    }
+    model, tool = kinds.get(StepKind.MODEL, (0, 0)), kinds.get(StepKind.TOOL, (0, 0))
     return RunUsage(
         tokens_in=int(totals["tokens_in"]),
         tokens_out=int(totals["tokens_out"]),
         cost=Decimal(totals["cost"]),
-        model_steps=kinds.get("model", 0),
-        tool_steps=kinds.get("tool", 0),
+        model_steps=model[0],
+        tool_steps=tool[0],
+        model_ms=model[1],
+        tool_ms=tool[1],
     )
 
 
@@ -277,16 +287,9 @@ class TimeSplit:
     approval_wait_ms: int = 0
 
 
-def run_time_split(run_id: uuid.UUID) -> TimeSplit:
-    """The run's step time by kind, each gated tool step's approval wait taken out of its
-    tool time (two small aggregate reads, whatever the number of steps)."""
-    totals = dict(
-        LoopStep.objects.filter(run_id=run_id)
-        .order_by()
-        .values("kind")
-        .annotate(ms=Sum("duration_ms"))
-        .values_list("kind", "ms")
-    )
+def run_time_split(run_id: uuid.UUID, usage: RunUsage) -> TimeSplit:
+    """The run's step time by kind (``usage``, from :func:`run_usage`), each gated tool step's
+    approval wait taken out of its tool time."""
     waits = approval_waits(run_id)
     ran = dict(
         LoopStep.objects.filter(run_id=run_id, seq__in=list(waits)).values_list(
@@ -299,8 +302,7 @@ def run_time_split(run_id: uuid.UUID) -> TimeSplit:
         part = min(wait, spent) if spent is not None else wait
         waited += part
         taken_out += part if spent is not None else 0
-    tool = int(totals.get(StepKind.TOOL) or 0) - taken_out
-    return TimeSplit(int(totals.get(StepKind.MODEL) or 0), max(tool, 0), waited)
+    return TimeSplit(usage.model_ms, max(usage.tool_ms - taken_out, 0), waited)
 
 
 @dataclass

@@ -92,10 +92,11 @@ def actions_for(user: Any, run: LoopRun) -> list[dict[str, str]]:
 
 def run_header_context(request: HttpRequest, run: LoopRun) -> dict[str, Any]:
     """What the live-updated parts of a run page need (summary, actions, verdict)."""
+    usage = runs.run_usage(run.id)
     return {
         "run": run,
-        "usage": runs.run_usage(run.id),
-        "time_split": runs.run_time_split(run.id),
+        "usage": usage,
+        "time_split": runs.run_time_split(run.id, usage),
         "budgets": run_budget_sections(run),
         "retries": runs.run_retries(run.id),
         "actions": actions_for(request.user, run),
