@@ -19,8 +19,9 @@ from django.db.models import (
     QuerySet,
     Subquery,
     Sum,
+    Value,
 )
-from django.db.models.functions import Coalesce, Substr
+from django.db.models.functions import Coalesce, Concat, Substr
 from django.http import Http404
 from django.utils import timezone
 
@@ -43,6 +44,8 @@ TRIGGER_CHOICES = [*TriggerType.values, "retry"]
 WAITING = (RunStatus.WAITING_APPROVAL, RunStatus.WAITING_HUMAN)
 #: Runs a worker is driving now; a run parked on a human or a lock is not in flight.
 IN_FLIGHT = (RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.VERIFYING)
+#: Between the fields of ``runs_for_table``'s ``latest_step`` (the ASCII unit separator).
+STEP_FIELD_SEPARATOR = "\x1f"
 #: How much of a run's goal a runs table reads (the column can be long).
 GOAL_HEAD_CHARS = 160
 
@@ -79,17 +82,20 @@ def runs_for_table() -> QuerySet[LoopRun]:
             pending_approvals=_pending_approvals(),
             per_run_budget=F("policy_snapshot__budgets__perRun"),
             goal_head=Substr("goal", 1, GOAL_HEAD_CHARS),
-            current_invocation=_last_step("invocation"),
-            current_step=_last_step("name"),
-            current_step_kind=_last_step("kind"),
+            latest_step=_latest_step(),
         )
     )
 
 
-def _last_step(column: str) -> Subquery:
-    """A column of the run's latest step (a subquery on the (run, seq) key, no GROUP BY)."""
-    last = LoopStep.objects.filter(run=OuterRef("pk")).order_by("-seq").values(column)[:1]
-    return Subquery(last, output_field=CharField())
+def _latest_step() -> Subquery:
+    """The run's latest step as ``invocation<US>kind<US>name`` (:data:`STEP_FIELD_SEPARATOR`):
+    one subquery on the (run, seq) key, no GROUP BY."""
+    label = Concat(
+        "invocation", Value(STEP_FIELD_SEPARATOR), "kind", Value(STEP_FIELD_SEPARATOR), "name",
+        output_field=CharField(),
+    )  # fmt: skip
+    last = LoopStep.objects.filter(run=OuterRef("pk")).order_by("-seq").annotate(label=label)
+    return Subquery(last.values("label")[:1], output_field=CharField())
 
 
 def _pending_approvals() -> Coalesce:

@@ -10,6 +10,8 @@ from typing import Any
 from django import template
 from django.utils.dateparse import parse_datetime
 
+from frontend.selectors.runs import STEP_FIELD_SEPARATOR, invocation_title
+
 register = template.Library()
 
 #: What ended a wait, by the event type that ended it (``wait.ended``'s ``ended_by``).
@@ -124,19 +126,12 @@ def doing(run: Any) -> str:
     step (``runs_for_table``'s annotations); empty when the run is not under way."""
     if str(getattr(run, "status", "")) not in _ACTIVE:
         return ""
-    invocation = str(getattr(run, "current_invocation", "") or "")
+    latest = str(getattr(run, "latest_step", "") or "")
+    invocation, kind, name = [*latest.split(STEP_FIELD_SEPARATOR), "", "", ""][:3]
     if not invocation:
         return "preparing" if run.status == "preparing" else "starting"
-    role, _, index = invocation.partition(":")
-    bindings = getattr(run, "role_bindings", None) or {}
-    title, employee = role.capitalize(), str(bindings.get(role) or "")
-    if role == "maker" and index.isdigit():
-        makers = list(bindings.get("makers") or [])
-        title = f"Maker {int(index) + 1}"
-        employee = str(makers[int(index)]) if int(index) < len(makers) else ""
+    title, employee = invocation_title(invocation, getattr(run, "role_bindings", None) or {})
     who = f"{title} ({employee})" if employee else title
-    kind = str(getattr(run, "current_step_kind", "") or "")
-    name = str(getattr(run, "current_step", "") or "")
     step = f"tool {name}" if kind == "tool" and name else kind
     return f"{who} · {step}" if step else who
 
