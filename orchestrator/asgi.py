@@ -2,7 +2,8 @@
 endpoint at ``/v1/`` (Django without its middleware chain, :mod:`orchestrator.bare_asgi`: the
 endpoint's first byte is not held up by session, CSRF and message middlewares it never uses),
 patterns served as A2A agents at ``/a2a/<key>`` (:mod:`a2a_server.asgi`), and Django (API, UI,
-admin) for everything else.
+admin) for everything else, its requests on long-lived threads
+(:mod:`orchestrator.request_threads`).
 
 A Starlette app routes between them because the MCP SDK's streamable HTTP transport needs its
 session manager running for the app's whole life: the lifespan below enters the endpoint's
@@ -18,10 +19,15 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
-django_application = get_asgi_application()
+django.setup(set_prefix=False)  # what get_asgi_application() does before its handler
+
+# Django's handler, its requests on long-lived threads that keep their database connections.
+from orchestrator.request_threads import PooledThreadsASGIHandler  # noqa: E402
+
+django_application = PooledThreadsASGIHandler()
 
 # Django must be set up (above) before the Skill Hub's modules are imported.
 from django.urls import get_resolver  # noqa: E402

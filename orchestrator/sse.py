@@ -41,6 +41,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from rest_framework.renderers import BaseRenderer
 
 from orchestrator import wakeups
+from orchestrator.request_threads import SHARED_REQUEST_THREAD
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +191,9 @@ def _poll(feed: Feed, waiting: bool = False) -> tuple[list[Message] | None, bool
 
 
 def _release_connection() -> None:
-    """Give back this thread's connection (unless a transaction, e.g. a test's, holds it)."""
-    if not connection.in_atomic_block:
+    """Give back this thread's connection (unless a transaction, e.g. a test's, holds it, or the
+    thread is a shared request thread whose connection serves the requests after this one)."""
+    if not connection.in_atomic_block and not SHARED_REQUEST_THREAD.get():
         connection.close()
 
 
