@@ -10,8 +10,9 @@ node (the model) and a prebuilt ``ToolNode``, ``tools_condition`` between them, 
   of a no-op tool per step, alternating two tools, then the answer), 20- and 100-step runs; a
   step is the time between two consecutive model calls, as for ours.
 * **Throughput**: 200 concurrent runs x 10 model steps (9 tool calls, then the answer) in one
-  process (``AsyncPostgresSaver`` over a connection pool), the model being the same loopback
-  HTTP model server as ours with 50 ms latency.
+  process, or split over as many processes as the compared service has workers, started
+  together (``AsyncPostgresSaver`` over a connection pool in each), the model being the same
+  loopback HTTP model server as ours with 50 ms latency.
 * **Resume**: a run parks at ``interrupt()`` before a gated tool; the human decision is a
   ``Command(resume=...)`` sent from a new connection; timed to the tool's start.
 
@@ -204,8 +205,10 @@ def _http_graph(model_url: str, http: Any, checkpointer: Any) -> Any:
 
 
 async def _throughput_async(
-    url: str, model_url: str, runs: int, steps: int, durability: str
+    url: str, model_url: str, runs: int, steps: int, durability: str, start_at: float = 0.0
 ) -> dict[str, Any]:
+    """``runs`` concurrent runs in this process; with ``start_at`` (wall clock) they start then,
+    so several processes start together. The saver's tables exist already."""
     import httpx2
     from langchain_core.messages import HumanMessage
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -218,30 +221,73 @@ async def _throughput_async(
         httpx2.AsyncClient(timeout=60, limits=httpx2.Limits(max_connections=runs)) as http,
     ):
         saver = AsyncPostgresSaver(cast(Any, pool))
-        await saver.setup()
         graph = _http_graph(model_url, http, saver)
         durations: list[float] = []
+        tag = uuid.uuid4().hex[:6]
 
         async def one(n: int) -> None:
             started = time.perf_counter()
-            spec = common.bench_goal_inputs(tag=f"peer{n}", steps=steps - 1)["spec"]
+            spec = common.bench_goal_inputs(tag=f"peer{tag}{n}", steps=steps - 1)["spec"]
             config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 1000}
             state = {"messages": [HumanMessage(f"Bench {spec}")], "steps": 0}
             await graph.ainvoke(state, config, durability=durability)
             durations.append(time.perf_counter() - started)
 
-        started = time.perf_counter()
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        began = time.time()
         await asyncio.gather(*(one(n) for n in range(runs)))
-        elapsed = time.perf_counter() - started
-    return {"steps_per_s": runs * steps / elapsed, "max_run_s": max(durations), "wall_s": elapsed}
+        ended = time.time()
+    return {"began": began, "ended": ended, "max_run_s": max(durations)}
 
 
-def _throughput(url: str, runs: int, steps: int, repeats: int, durability: str) -> dict[str, Any]:
+def _throughput_part(
+    url: str, model_url: str, runs: int, steps: int, durability: str, start_at: float
+) -> dict[str, Any]:
+    """One process's share of the runs (a ``spawn``-ed pool process)."""
+    return asyncio.run(_throughput_async(url, model_url, runs, steps, durability, start_at))
+
+
+async def _setup_saver(url: str) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    async with AsyncPostgresSaver.from_conn_string(url) as saver:
+        await saver.setup()
+
+
+def _throughput_round(
+    url: str, model_url: str, runs: int, steps: int, durability: str, processes: int
+) -> dict[str, Any]:
+    """``runs`` runs split over ``processes`` processes that start together."""
+    if processes == 1:
+        part = asyncio.run(_throughput_async(url, model_url, runs, steps, durability))
+        parts = [part]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        shares = [runs // processes + (1 if n < runs % processes else 0) for n in range(processes)]
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(processes, mp_context=context) as pool:
+            # Started once the processes are up and have imported LangGraph (a few seconds).
+            start_at = time.time() + 8.0
+            futures = [
+                pool.submit(_throughput_part, url, model_url, share, steps, durability, start_at)
+                for share in shares
+            ]
+            parts = [future.result(timeout=600) for future in futures]
+    wall = max(p["ended"] for p in parts) - min(p["began"] for p in parts)
+    return {"steps_per_s": runs * steps / wall, "max_run_s": max(p["max_run_s"] for p in parts)}
+
+
+def _throughput(
+    url: str, runs: int, steps: int, repeats: int, durability: str, processes: int = 1
+) -> dict[str, Any]:
     logs = common.log_dir("peer-throughput")
     model = common.ModelServerProc(logs, latency=0.05).start()
     try:
+        asyncio.run(_setup_saver(url))
         results = [
-            asyncio.run(_throughput_async(url, model.url, runs, steps, durability))
+            _throughput_round(url, model.url, runs, steps, durability, processes)
             for _ in range(repeats)
         ]
     finally:
@@ -252,6 +298,7 @@ def _throughput(url: str, runs: int, steps: int, repeats: int, durability: str) 
         "spread": common.spread(rates),
         "max_run_s": statistics.median(r["max_run_s"] for r in results),
         "samples": [round(r, 1) for r in rates],
+        "processes": processes,
     }
 
 
@@ -351,11 +398,14 @@ def step_overhead(
     )
 
 
-def throughput(smoke: bool = False, durability: str = SAME_GUARANTEE) -> dict[str, Any]:
+def throughput(
+    smoke: bool = False, durability: str = SAME_GUARANTEE, processes: int = 1
+) -> dict[str, Any]:
+    """200 runs x 10 steps in ``processes`` processes (the runs split between them)."""
     runs, steps, repeats = (10, 3, 1) if smoke else (200, 10, 3)
     return _cached(
-        ("throughput", smoke, durability),
-        lambda url: _throughput(url, runs, steps, repeats, durability),
+        ("throughput", smoke, durability, processes),
+        lambda url: _throughput(url, runs, steps, repeats, durability, processes),
     )
 
 
