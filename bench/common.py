@@ -541,12 +541,17 @@ def bench_profile() -> str:
     from harness.services import profile_create
 
     if profile_get_or_none(BENCH_PROFILE) is None:
+        from django.conf import settings
+
+        # The platform's limits, as LOOPWRIGHT_HARNESS_PLATFORM sets them (long-run benches).
+        limits = dict(DEFAULT_PLATFORM["limits"])
+        limits.update(settings.LOOPWRIGHT_HARNESS_PLATFORM.get("limits") or {})
         profile_create(
             tag=BENCH_PROFILE,
             description="Benchmarks: default tools, platform limits.",
             settings={
                 "tools": {"allow": ["*"], "trustedPreHandlerTools": []},
-                "limits": dict(DEFAULT_PLATFORM["limits"]),
+                "limits": limits,
                 "paths": {"maxFiles": DEFAULT_PLATFORM["paths"]["maxFiles"]},
             },
             created_by="bench",
@@ -618,7 +623,13 @@ def api_token() -> str:
 
 def service_env(**extra: str) -> dict[str, str]:
     """Environment of the service's processes, from the measuring child's own."""
-    keep = ("DATABASE_URL", "LOOPWRIGHT_VAR_DIR", "DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED")
+    keep = (
+        "DATABASE_URL",
+        "LOOPWRIGHT_VAR_DIR",
+        "DJANGO_SETTINGS_MODULE",
+        "PYTHONUNBUFFERED",
+        "LOOPWRIGHT_HARNESS_PLATFORM",
+    )
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(
         CELERY_BROKER_URL=BENCH_REDIS,
