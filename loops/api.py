@@ -199,7 +199,8 @@ class RunViewSet(
     )
     @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request: Request, pk: str | None = None) -> Response:
-        """The run's event history in order (``after_seq`` to page or to follow live)."""
+        """The run's event history in order (``after_seq`` to page or to follow live); of a run
+        whose events were pruned (``events_pruned_at``), only ``run.created``."""
         run = self.get_object()
         after = bounded_int(request.query_params, "after_seq", default=0, low=0, high=MAX_SEQ)
         events: QuerySet[Any] = run.events.filter(seq__gt=after).order_by("seq")

@@ -167,10 +167,18 @@ class LoopRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    #: When the run's events (all but ``run.created``) were pruned past the retention.
+    events_pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
+            # Retention walks ended runs whose events are still there, oldest first.
+            models.Index(
+                fields=["finished_at"],
+                name="loops_run_events_kept",
+                condition=Q(finished_at__isnull=False, events_pruned_at__isnull=True),
+            ),
             # The claim query scans queued/waiting_lock runs in due order.
             models.Index(
                 fields=["id"],

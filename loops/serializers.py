@@ -206,8 +206,16 @@ class RunDetailSerializer(RunSerializer):
             "policy_snapshot",
             "repository_snapshot",
             "budget_usage",
+            "events_pruned_at",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "events_pruned_at": {
+                "help_text": "When the run's events, all but `run.created`, were pruned past "
+                "LOOPWRIGHT_EVENT_RETENTION_DAYS (null: all kept). Steps, approvals and stored "
+                "spans stay."
+            }
+        }
 
     def get_budget_usage(self, obj: LoopRun) -> dict[str, Any]:
         return run_budget_usage(obj)

@@ -18,6 +18,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from loops.services.approvals import approvals_expire
 from loops.services.claims import runs_reap
 from loops.services.notifications import deliver_approval_notifications
+from loops.services.retention import events_prune
 from loops.services.spans import spans_sweep
 from loops.triggers import scheduler
 from loops.worker.driver import get_driver, stop_driver
@@ -60,6 +61,15 @@ def spans_sweep_task() -> None:
     if report.recorded or report.pruned:
         stored = (report.recorded, report.spans, report.pruned)
         logger.info("spans: %d runs stored (%d spans), %d pruned", *stored)
+
+
+@shared_task(name="loops.events_prune", ignore_result=True, time_limit=300, expires=300)
+def events_prune_task() -> None:
+    """Prune the events of runs ended past the retention, a minute of batches at most."""
+    report = events_prune(budget_seconds=60.0)
+    if report.runs:
+        more = " (more due: the next sweep goes on)" if report.more else ""
+        logger.info("events: %d pruned of %d ended runs%s", report.events, report.runs, more)
 
 
 @shared_task(name="loops.notify_approvals", ignore_result=True, time_limit=60)

@@ -47,6 +47,12 @@ app.conf.update(
             "schedule": float(os.environ.get("LOOPWRIGHT_SPAN_SWEEP_SECONDS", "15")),
             "options": {"expires": 60},
         },
+        # Events of runs ended past LOOPWRIGHT_EVENT_RETENTION_DAYS (docs/operations.md).
+        "loops.events_prune": {
+            "task": "loops.events_prune",
+            "schedule": float(os.environ.get("LOOPWRIGHT_EVENT_PRUNE_SECONDS", "600")),
+            "options": {"expires": 300},
+        },
         # Skill executions whose sandbox worker died go back to the queue (docs/skills.md).
         "skillhub.recover": {
             "task": "skillhub.recover",

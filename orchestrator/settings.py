@@ -245,7 +245,12 @@ LOOPWRIGHT: dict[str, Any] = {
     "APPROVAL_EMAILS": os.environ.get("LOOPWRIGHT_APPROVAL_EMAILS", ""),
     # How late a cron tick may run and still count a due time as on time (``skip`` policy).
     "CRON_GRACE_SECONDS": env_float("LOOPWRIGHT_CRON_GRACE_SECONDS", 60.0),
+    # Events of runs that ended longer ago than this are pruned (0: kept forever); the run, its
+    # steps, approvals and stored spans stay (docs/operations.md, Retention).
+    "EVENT_RETENTION_DAYS": env_float("LOOPWRIGHT_EVENT_RETENTION_DAYS", 0.0),
 }
+if LOOPWRIGHT["EVENT_RETENTION_DAYS"] < 0:
+    raise ImproperlyConfigured("LOOPWRIGHT_EVENT_RETENTION_DAYS must be 0 (keep) or more days.")
 
 # --- Outbound guard and server secrets (docs/security.md) ----------------------------------------
 # Parsed here so that a bad value stops every process at start, naming the variable.

@@ -66,9 +66,7 @@ def web(tmp_path: Path) -> Iterator[str]:
 
 def _backends() -> set[int]:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
-        )
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [APP_NAME])
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -95,12 +93,14 @@ class TestRequestThreadsKeepConnections:
         stop = threading.Event()
 
         def follow() -> None:
-            with contextlib.suppress(httpx2.HTTPError):
-                with httpx2.stream("GET", f"{web}/api/v1/runs/{run.id}/stream", headers=headers,
-                                   timeout=70) as response:  # fmt: skip
-                    for _ in response.iter_lines():
-                        if stop.is_set():
-                            return
+            url = f"{web}/api/v1/runs/{run.id}/stream"
+            with (
+                contextlib.suppress(httpx2.HTTPError),
+                httpx2.stream("GET", url, headers=headers, timeout=70) as response,
+            ):
+                for _ in response.iter_lines():
+                    if stop.is_set():
+                        return
 
         streams = [threading.Thread(target=follow, daemon=True) for _ in range(REQUEST_THREADS + 2)]
         for thread in streams:
