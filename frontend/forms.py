@@ -18,6 +18,7 @@ from loops.models import AutonomyLevel, LoopPattern, MissedFirePolicy, TriggerTy
 from orchestrator.jsonlimits import JsonRefused, loads_bounded
 from runtime.tools.files import builtin_file_tools
 from runtime.types import Effect
+from skillhub.models import SkillSource
 
 
 def _json_error(exc: ValueError) -> str:
@@ -454,6 +455,26 @@ class SkillForm(forms.Form):
         help_text="Specified scope: employee usernames, comma-separated or one per line.",
     )
 
+    source = forms.ChoiceField(
+        label="Files from",
+        required=False,
+        choices=SkillSource.choices,
+        initial=SkillSource.DB_ZIP,
+        help_text="Where the files placed next to the program come from: the database (a zip "
+        "uploaded through the API, or none); a local directory under an admin-listed root; "
+        "S3: the objects under s3://bucket/prefix/ of a bucket an admin lists "
+        "(LOOPWRIGHT_SKILL_S3_BUCKETS), fetched at each run; Git and registry skills are "
+        "written by their imports.",
+    )
+    source_ref = forms.CharField(
+        max_length=1000,
+        required=False,
+        label="Source location",
+        help_text="Local directory: its absolute path. S3: s3://bucket/prefix/. Git: the "
+        "repository URL. Empty for the database.",
+        widget=forms.TextInput(attrs={"class": "wide mono", "spellcheck": "false"}),
+    )
+
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.editing = editing
@@ -471,6 +492,9 @@ class SkillForm(forms.Form):
         """Cleaned data as ``skill_create`` / ``skill_update`` take it (no ``tool_name``)."""
         data = dict(self.cleaned_data)
         data.pop("tool_name", None)
+        if not data.get("source"):  # not sent: the skill keeps its source (db-zip when new)
+            data.pop("source", None)
+            data.pop("source_ref", None)
         return data
 
 

@@ -19,6 +19,7 @@ from frontend.views import (
     runs,
     schemas,
     skill_import,
+    skill_snapshot,
     skills,
 )
 from frontend.views import gateway as gateway_pages
@@ -126,6 +127,12 @@ urlpatterns = [
     path("skills", skills.skill_list, name="skills"),
     path("skills/new", skills.skill_create_view, name="skill-create"),
     path("skills/import", skill_import.skill_import_view, name="skill-import"),
+    path("skills/snapshot", skill_snapshot.skill_snapshot_view, name="skill-snapshot"),
+    path(
+        "skills/snapshot/download",
+        skill_snapshot.skill_snapshot_download,
+        name="skill-snapshot-download",
+    ),
     path("skills/<slug:tool_name>", skills.skill_detail, name="skill"),
     path("skills/<slug:tool_name>/edit", skills.skill_edit_view, name="skill-edit"),
     path("skills/<slug:tool_name>/test", skills.skill_test_view, name="skill-test"),

@@ -15,6 +15,17 @@ from django.db import models
 from django.db.models import Q
 
 from loops.cache_models import SemanticCacheEntry
+from loops.choices import (
+    ApprovalKind,
+    ApprovalStatus,
+    AutonomyLevel,
+    CronFireOutcome,
+    MissedFirePolicy,
+    RunStatus,
+    StepKind,
+    StepStatus,
+    TriggerType,
+)
 from loops.span_models import LoopSpan, LoopSpanRecord, new_trace_id
 
 
@@ -28,38 +39,6 @@ def uuid7() -> uuid.UUID:
     value |= 0b10 << 62
     value |= rand & ((1 << 62) - 1)
     return uuid.UUID(int=value)
-
-
-class AutonomyLevel(models.TextChoices):
-    L1 = "L1", "L1 supervised"
-    L2 = "L2", "L2"
-    L3 = "L3", "L3 autonomous"
-
-
-class TriggerType(models.TextChoices):
-    MANUAL = "manual"
-    CRON = "cron"
-    EVENT = "event"
-
-
-class MissedFirePolicy(models.TextChoices):
-    COALESCE = "coalesce"
-    SKIP = "skip"
-
-
-class RunStatus(models.TextChoices):
-    QUEUED = "queued"
-    PREPARING = "preparing"
-    WAITING_LOCK = "waiting_lock"
-    RUNNING = "running"
-    WAITING_APPROVAL = "waiting_approval"
-    VERIFYING = "verifying"
-    WAITING_HUMAN = "waiting_human"
-    PAUSED = "paused"
-    BLOCKED = "blocked"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
 
 
 class LoopPattern(models.Model):
@@ -233,22 +212,6 @@ class LoopEvent(models.Model):
         return f"{self.run_id}#{self.seq} {self.type}"
 
 
-class StepKind(models.TextChoices):
-    MODEL = "model"
-    TOOL = "tool"
-    NOTICE = "notice"
-
-
-class StepStatus(models.TextChoices):
-    STARTED = "started"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    #: A tool call that policy gates: it waits for an approval decision and has not run.
-    GATED = "gated"
-    #: A gated call a human approved (``request`` then holds the approved arguments).
-    APPROVED = "approved"
-
-
 class LoopStep(models.Model):
     """One persisted unit of an invocation: a model step or a tool call.
 
@@ -381,22 +344,6 @@ __all__ = [
 ]
 
 
-class ApprovalStatus(models.TextChoices):
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    #: The run ended (canceled, failed) before anyone decided: nothing is left to decide.
-    WITHDRAWN = "withdrawn"
-
-
-class ApprovalKind(models.TextChoices):
-    #: A tool call the policy gates: approve (maybe with edited arguments) or reject.
-    CALL = "call"
-    #: A running call asked a question (a remote agent's ``input-required``): answer or reject.
-    INPUT = "input"
-
-
 class ActionApproval(models.Model):
     """A gated tool call waiting for (or having had) a human decision, or a question a running
     call asked (``kind`` ``input``; ``reason`` is the question, ``answer`` what a person said).
@@ -463,11 +410,6 @@ class ActionApproval(models.Model):
 
 
 # --- Triggers: cron schedules and fires, event keys and deliveries ---------------------------
-
-
-class CronFireOutcome(models.TextChoices):
-    STARTED = "started"
-    REFUSED = "refused"
 
 
 class CronSchedule(models.Model):

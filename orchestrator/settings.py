@@ -28,6 +28,7 @@ from runtime.outbound import (
 )
 from runtime.secrets import parse_secret_rule
 from skillhub.services.localdir import parse_local_roots
+from skillhub.services.s3ref import parse_s3_buckets
 
 django_stubs_ext.monkeypatch()
 
@@ -281,11 +282,12 @@ except (ValueError, OutboundRefused) as _exc:
     _which = "LOOPWRIGHT_APPROVAL_WEBHOOK_URL: " if isinstance(_exc, OutboundRefused) else ""
     raise ImproperlyConfigured(f"{_which}{_exc}") from None
 
-# --- Skill Hub local-dir roots (docs/skills.md) ---------------------------------------------------
+# --- Skill Hub local-dir roots and s3 buckets (docs/skills.md) ---------------------------------
 # Folders local-dir skills may be copied from; none by default. A relative path, '/' or a host
-# system directory stops every process at start, naming the variable.
+# system directory stops every process at start, naming the variable; so does a bad bucket name.
 try:
     _SKILL_LOCAL_ROOTS = parse_local_roots(os.environ.get("LOOPWRIGHT_SKILL_LOCAL_ROOTS"))
+    _SKILL_S3_BUCKETS = parse_s3_buckets(os.environ.get("LOOPWRIGHT_SKILL_S3_BUCKETS"))
 except ValueError as _exc:
     raise ImproperlyConfigured(str(_exc)) from None
 
@@ -293,6 +295,13 @@ except ValueError as _exc:
 SKILLHUB: dict[str, Any] = {
     # Absolute folders local-dir skills must lie in (skillhub.services.localdir); () = none.
     "LOCAL_ROOTS": _SKILL_LOCAL_ROOTS,
+    # Buckets s3 skills may be fetched from (skillhub.services.s3ref); () = none. The endpoint
+    # of an S3-compatible store (empty: AWS), the region (empty: the AWS chain's) and the
+    # client's connect/read timeout. Credentials: the standard AWS chain, never a setting here.
+    "S3_BUCKETS": _SKILL_S3_BUCKETS,
+    "S3_ENDPOINT_URL": os.environ.get("LOOPWRIGHT_SKILL_S3_ENDPOINT_URL", ""),
+    "S3_REGION": os.environ.get("LOOPWRIGHT_SKILL_S3_REGION", ""),
+    "S3_TIMEOUT_SECONDS": env_float("LOOPWRIGHT_SKILL_S3_TIMEOUT_SECONDS", 10.0),
     # The Celery queue skill executions are sent to (a skills worker runs ``-Q <it>``).
     "QUEUE": os.environ.get("LOOPWRIGHT_SKILL_QUEUE", "skills"),
     # Executions each principal (API user or AI employee) may request per minute.

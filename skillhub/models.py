@@ -38,6 +38,8 @@ class SkillSource(models.TextChoices):
     GIT = "git", "Git repository"
     #: A package of a registry index (``skillhub.services.registry``).
     REGISTRY = "registry", "Registry package"
+    #: Objects under a prefix of an S3-compatible bucket (``skillhub.services.s3source``).
+    S3 = "s3", "S3 bucket prefix"
 
 
 class Skill(models.Model):
@@ -62,7 +64,7 @@ class Skill(models.Model):
     #: Employee usernames, for ``specified``.
     employees = models.JSONField(default=list, blank=True)
     source = models.CharField(max_length=10, choices=SkillSource.choices, default="db-zip")
-    #: local-dir: the directory; git: the repository path or URL.
+    #: local-dir: the directory; git: the repository path or URL; s3: s3://bucket/prefix/.
     source_ref = models.CharField(max_length=1000, blank=True, default="")
     #: git: the skill's folder inside the repository.
     source_path = models.CharField(max_length=500, blank=True, default="")

@@ -70,6 +70,7 @@ from skillhub.services.results import (
     execution_store,
     storable,
 )
+from skillhub.services.s3source import s3_files
 from skillhub.services.skills import nul_pointers
 
 logger = logging.getLogger(__name__)
@@ -254,9 +255,12 @@ def _archive_files(archive: bytes) -> dict[str, bytes]:
 
 def skill_files(skill: Skill) -> LocalCopy:
     """The files placed in the sandbox's working directory: a local-dir folder copied now
-    (its roots rule checked again: LocalDirRefused), else the zip upload's files."""
+    (its roots rule checked again: LocalDirRefused), an s3 prefix fetched now (its bucket
+    rule checked again: S3Refused), else the zip upload's files."""
     if skill.source == SkillSource.LOCAL_DIR:
         return local_dir_files(skill.source_ref)
+    if skill.source == SkillSource.S3:
+        return s3_files(skill.source_ref)
     if skill.archive:
         return LocalCopy(files=_archive_files(bytes(skill.archive)))
     return LocalCopy()

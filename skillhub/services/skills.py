@@ -18,6 +18,7 @@ from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillSource, ToolScope
 from skillhub.render import placeholders
 from skillhub.services.localdir import LocalDirRefused, local_dir_validate
 from skillhub.services.packages import package_hint, package_pattern
+from skillhub.services.s3ref import S3Refused, s3_check
 from skillhub.services.versions import version_baseline, version_record
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
@@ -98,14 +99,17 @@ def _package_errors(values: Any, language: Any) -> Errors:
 
 
 def _source_errors(data: Mapping[str, Any]) -> Errors:
-    """A local-dir folder must pass the roots rule (``skillhub.services.localdir``); checked
-    again each time the folder is copied into the sandbox."""
+    """A local-dir folder must pass the roots rule (``skillhub.services.localdir``), an s3
+    location the bucket rule (``skillhub.services.s3ref``: format and allow list, no network);
+    both are checked again each time the files are fetched into the sandbox."""
     source, ref = data.get("source"), data.get("source_ref") or ""
-    if source == SkillSource.LOCAL_DIR:
-        try:
+    try:
+        if source == SkillSource.LOCAL_DIR:
             local_dir_validate(ref)
-        except LocalDirRefused as exc:
-            return [_err("/source_ref", str(exc), "not_allowed")]
+        elif source == SkillSource.S3:
+            s3_check(ref)
+    except (LocalDirRefused, S3Refused) as exc:
+        return [_err("/source_ref", str(exc), "not_allowed")]
     if source == SkillSource.GIT and not ref:
         return [_err("/source_ref", "a git skill needs the repository path or URL")]
     return []

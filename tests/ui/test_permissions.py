@@ -86,6 +86,7 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             "skill-test": ("/skills/greet/test", {"inputs": "{}"}, Role.OPERATOR),
             # The guard refuses before the repository is read (tests/ui/test_skill_import_*.py).
             "skill-import": ("/skills/import", {"repository": "x"}, Role.OPERATOR),
+            "skill-snapshot": ("/skills/snapshot", {"step": "preview"}, Role.OPERATOR),
             "skill-rollback": ("/skills/greet/rollback", {"reason": "x"}, Role.OPERATOR),
             "skill-review": ("/skills/greet/review", {"requires_review": "on"}, Role.OPERATOR),
             # The guard refuses before the employee is looked up.
