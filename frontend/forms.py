@@ -18,7 +18,7 @@ from loops.models import AutonomyLevel, LoopPattern, MissedFirePolicy, TriggerTy
 from orchestrator.jsonlimits import JsonRefused, loads_bounded
 from runtime.tools.files import builtin_file_tools
 from runtime.types import Effect
-from skillhub.models import SkillSource
+from skillhub.models import SkillLanguage, SkillSource
 
 
 def _json_error(exc: ValueError) -> str:
@@ -400,7 +400,7 @@ class SkillForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="How to use it, appended to the tool description.",
     )
-    language = forms.ChoiceField(choices=[("python", "Python"), ("node", "Node.js")])
+    language = forms.ChoiceField(choices=SkillLanguage.choices)
     input_schema = JsonField(
         kind=dict,
         label="Input schema",
@@ -427,7 +427,7 @@ class SkillForm(forms.Form):
         required=False,
         help_text=(
             "Packages the program imports, one per line; checked in the sandbox before it runs "
-            "(install them on the skills worker, see docs/skills.md)."
+            "(install them on the skills worker, see docs/skills.md). Deno skills take none."
         ),
     )
     timeout_seconds = forms.IntegerField(

@@ -274,7 +274,7 @@ async def egress_for(
     parent = (config or SandboxConfig.from_env()).resolved_work_root()
     proxy = EgressProxy(tuple(allowed_hosts), policy=policy, parent_dir=parent, layer=layer)
     async with proxy:
-        yield replace(request, egress_socket=proxy.socket), proxy
+        yield replace(request, egress_socket=proxy.socket, egress_hosts=proxy.allowed_hosts), proxy
 
 
 def egress_notes(proxy: EgressProxy | None) -> list[str]:

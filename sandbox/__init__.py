@@ -1,6 +1,6 @@
 """The sandbox that Skill Hub skills (and the agent's ``bash`` tool) run in.
 
-Pure Python, no Django. ``run_sandboxed(SandboxRequest(...))`` runs one Python or Node.js
+Pure Python, no Django. ``run_sandboxed(SandboxRequest(...))`` runs one Python, Node.js or Deno
 program under bubblewrap (namespaces, read-only system binds, one writable directory, a seccomp
 deny-list) with rlimits, a wall-clock timeout that kills the whole process tree, and streamed
 output caps. See docs/sandbox.md for the threat model and what is and is not contained.

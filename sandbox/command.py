@@ -15,7 +15,7 @@ runs between ``fork`` and ``exec`` (``preexec_fn`` is unsafe in threaded and asy
     bwrap ...            namespaces, read-only system binds, one writable dir, seccomp
     prlimit ...          rlimits set *inside* the new user namespace: RLIMIT_NPROC then counts
                          only this sandbox's tasks, not every process of the host uid
-    python3 -I -S ...    / node --max-old-space-size=...
+    python3 -I -S ...    / node --max-old-space-size=... / deno run --allow-...=... (denoargs.py)
 
 The rlimit-only backend is the same chain without ``bwrap``.
 """
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.config import SandboxConfig
+from sandbox.denoargs import deno_argv, deno_env, deno_net_flags
 from sandbox.egress import FORWARDER_NAME, SANDBOX_EGRESS_SOCKET, proxy_env
 from sandbox.nodestdio import node_stdio_args
 from sandbox.types import (
@@ -122,6 +123,27 @@ def interpreter_argv(
     return [config.node_path, f"--max-old-space-size={heap_mib}", *stdio, code_path]
 
 
+def deno_program(
+    config: SandboxConfig,
+    request: SandboxRequest,
+    code_path: str,
+    *,
+    work: str,
+    tmp: str,
+    address_space: int,
+) -> list[str]:
+    """``deno run`` for this request: Deno's permissions (denoargs.py) over these paths."""
+    net = deno_net_flags(request.network, egress_enabled(request), request.egress_hosts)
+    return deno_argv(
+        config.deno_path,
+        code_path,
+        readable=(work, tmp),
+        writable=(work, tmp),
+        net=net,
+        address_space=address_space,
+    )
+
+
 def limits_argv(limits: SandboxLimits, address_space: int) -> list[str]:
     cpu = limits.cpu_seconds
     return [
@@ -176,9 +198,19 @@ def bwrap_launch(
     """The bubblewrap chain; ``program`` replaces the interpreter (the probe runs ``true``)."""
     address_space = request.limits.address_space_for(request.language)
     code_path = f"{SANDBOX_CODE_DIR}/{CODE_NAMES[request.language]}"
+    env = program_env(request, home=SANDBOX_WORKDIR, tmpdir=SANDBOX_TMP)
+    if program is None and request.language == "deno":
+        program = deno_program(
+            config,
+            request,
+            code_path,
+            work=SANDBOX_WORKDIR,
+            tmp=SANDBOX_TMP,
+            address_space=address_space,
+        )
+        env.update(deno_env(SANDBOX_TMP))
     if program is None:
         program = interpreter_argv(config, request.language, code_path, address_space)
-    env = program_env(request, home=SANDBOX_WORKDIR, tmpdir=SANDBOX_TMP)
     egress = egress_enabled(request)
     if egress:
         forwarder = f"{SANDBOX_CODE_DIR}/{FORWARDER_NAME}"
@@ -193,7 +225,9 @@ def bwrap_launch(
         tmpfs_bytes=request.limits.tmpfs_bytes,
         env=env,
         seccomp_fd=seccomp_fd,
-        extra_mounts=mask_options(request) + egress_options(request, rundir),
+        extra_mounts=mask_options(request)
+        + egress_options(request, rundir)
+        + interpreter_binds(config, request),
     )
     options += ["--json-status-fd", str(status_fd)]
     private = None if rundir.bind_point is None else (rundir.work, rundir.bind_point)
@@ -219,6 +253,15 @@ def mask_options(request: SandboxRequest) -> list[str]:
     return options
 
 
+def interpreter_binds(config: SandboxConfig, request: SandboxRequest) -> list[str]:
+    """Deno installed outside /usr (/opt/loopwright/deno): its binary, read-only at the same
+    path, in Deno runs only."""
+    path = config.deno_path
+    if request.language != "deno" or path.startswith("/usr/"):
+        return []
+    return ["--ro-bind", path, path]
+
+
 def egress_options(request: SandboxRequest, rundir: RunDir) -> list[str]:
     if not egress_enabled(request):
         return []
@@ -236,12 +279,16 @@ def rlimit_launch(
     *, config: SandboxConfig, request: SandboxRequest, rundir: RunDir, uid: int | None
 ) -> Launch:
     address_space = request.limits.address_space_for(request.language)
-    argv = (
-        host_prefix(config, uid)
-        + limits_argv(request.limits, address_space)
-        + interpreter_argv(config, request.language, str(rundir.code), address_space)
-    )
     env = program_env(request, home=str(rundir.work), tmpdir=str(rundir.tmp))
+    if request.language == "deno":
+        work, tmp = str(rundir.work), str(rundir.tmp)
+        program = deno_program(
+            config, request, str(rundir.code), work=work, tmp=tmp, address_space=address_space
+        )
+        env.update(deno_env(tmp))
+    else:
+        program = interpreter_argv(config, request.language, str(rundir.code), address_space)
+    argv = host_prefix(config, uid) + limits_argv(request.limits, address_space) + program
     return Launch(argv=argv, env=env, cwd=str(rundir.work))
 
 

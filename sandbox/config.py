@@ -19,6 +19,9 @@ class SandboxConfig:
     bwrap_path: str = "/usr/bin/bwrap"
     python_path: str = "/usr/bin/python3"
     node_path: str = "/usr/bin/node"
+    #: Where scripts/install-system-deps.sh puts the pinned Deno (deploy/deno/). A path outside
+    #: /usr is bound read-only at the same path into Deno runs only.
+    deno_path: str = "/opt/loopwright/deno/bin/deno"
     #: Run programs with rlimits only when bubblewrap cannot run (weaker: see docs/sandbox.md).
     allow_rlimit_only: bool = False
     #: Where per-run directories are created ("" = the system temporary directory). Every
@@ -46,6 +49,7 @@ class SandboxConfig:
             bwrap_path=env.get("LOOPWRIGHT_SANDBOX_BWRAP", default.bwrap_path),
             python_path=env.get("LOOPWRIGHT_SANDBOX_PYTHON", default.python_path),
             node_path=env.get("LOOPWRIGHT_SANDBOX_NODE", default.node_path),
+            deno_path=env.get("LOOPWRIGHT_SANDBOX_DENO", default.deno_path),
             allow_rlimit_only=_flag(env.get("LOOPWRIGHT_SANDBOX_ALLOW_RLIMIT_ONLY", "")),
             work_root=env.get("LOOPWRIGHT_SANDBOX_WORK_ROOT", default.work_root),
             uid_base=int(env.get("LOOPWRIGHT_SANDBOX_UID_BASE", default.uid_base)),
@@ -63,6 +67,8 @@ class SandboxConfig:
         return range(self.uid_base, self.uid_base + self.uid_slots + 1)
 
     def interpreter(self, language: str) -> str:
+        if language == "deno":
+            return self.deno_path
         return self.python_path if language == "python" else self.node_path
 
 

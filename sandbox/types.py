@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
-Language = Literal["python", "node"]
+Language = Literal["python", "node", "deno"]
+LANGUAGES: tuple[Language, ...] = ("python", "node", "deno")
 Network = Literal["deny", "allow", "restricted"]
 Backend = Literal["bubblewrap", "rlimit-only"]
 KilledReason = Literal["timeout", "output_cap", "cpu", "memory", "file_size"]
@@ -21,17 +22,55 @@ KilledReason = Literal["timeout", "output_cap", "cpu", "memory", "file_size"]
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-#: Default address-space limit per language. V8 reserves ~700 MiB of address space before it
-#: runs a line (its code range and cages), so Node needs a larger limit than CPython.
-DEFAULT_ADDRESS_SPACE: Mapping[Language, int] = {"python": 512 * MiB, "node": 1 * GiB}
 #: Measured with Node 20: it does not start under RLIMIT_AS = 700 MiB and does under 768 MiB.
 NODE_RESERVED_ADDRESS_SPACE = 768 * MiB
+#: Measured with Deno 2.9: Oilpan (V8's C++ heap) reserves a 32 GiB cage at start, aligned to
+#: its size: when mmap does not honour V8's aligned hint, it reserves twice that and trims. So
+#: Deno dies ("CagedHeap reservation") under RLIMIT_AS = 32 GiB, fails ~1 start in 13 under
+#: 33.5 to 48 GiB, and starts every time from 64 GiB. Reserved, never touched: RLIMIT_AS cannot
+#: bound a Deno program's memory (the watchdog's ``memory_bytes`` and the V8 heap limit do).
+DENO_RESERVED_ADDRESS_SPACE = 65 * GiB
+#: Default address-space limit per language. V8 reserves address space before it runs a line
+#: (its code range and cages; Deno's Oilpan cage too), so Node and Deno need larger limits than
+#: CPython; each leaves room for a heap above its reservation.
+DEFAULT_ADDRESS_SPACE: Mapping[Language, int] = {
+    "python": 512 * MiB,
+    "node": 1 * GiB,
+    "deno": DENO_RESERVED_ADDRESS_SPACE + 512 * MiB,
+}
+#: The least address space a V8 program is started with: its reservation plus a 64 MiB heap.
+MIN_ADDRESS_SPACE: Mapping[Language, int] = {
+    "node": NODE_RESERVED_ADDRESS_SPACE + 64 * MiB,
+    "deno": DENO_RESERVED_ADDRESS_SPACE + 64 * MiB,
+}
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Names that would change how the interpreter or the dynamic loader starts, which the runner
 #: controls itself (heap size, no preloaded libraries, isolated mode).
 RESERVED_ENV: frozenset[str] = frozenset(
-    {"NODE_OPTIONS", "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONSTARTUP", "PYTHONPATH"}
+    {
+        "NODE_OPTIONS",
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "PYTHONSTARTUP",
+        "PYTHONPATH",
+        # Deno reads these beside its flags (the V8 heap, its cache, prompts, permission
+        # audits, certificates): the runner sets or withholds them itself.
+        "DENO_DIR",
+        "DENO_V8_FLAGS",
+        "DENO_NO_PROMPT",
+        "DENO_NO_UPDATE_CHECK",
+        "DENO_NO_PACKAGE_JSON",
+        "DENO_AUDIT_PERMISSIONS",
+        "DENO_TRACE_PERMISSIONS",
+        "DENO_CERT",
+        "DENO_TLS_CA_STORE",
+        "DENO_AUTH_TOKENS",
+        "DENO_CONDITIONS",
+        "DENO_COVERAGE_DIR",
+        "DENO_UNSTABLE_FLAGS",
+    }
 )
 
 
@@ -116,6 +155,10 @@ class SandboxRequest:
     #: Host path of the Unix socket of an allowlisting HTTP(S) proxy (runtime.egress_proxy);
     #: bound into the sandbox and reached through an in-sandbox forwarder on 127.0.0.1.
     egress_socket: str | None = None
+    #: The egress proxy's allowlist (set with ``egress_socket``), for Deno's own ``--allow-net``
+    #: (sandbox/denoargs.py): Deno checks a request against its destination, so without them
+    #: the proxy could not be used. A second wall only: the proxy decides.
+    egress_hosts: tuple[str, ...] = ()
     #: fnmatch pattern over paths relative to ``out/`` in the working directory ("*" matches
     #: "/" too); None collects nothing.
     collect_outputs: str | None = None
@@ -134,7 +177,7 @@ class SandboxRequest:
     mask_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.language not in ("python", "node"):
+        if self.language not in LANGUAGES:
             raise SandboxRequestError(f"unsupported language {self.language!r}")
         if self.network not in ("deny", "allow", "restricted"):
             raise SandboxRequestError(f"unknown network mode {self.network!r}")
@@ -145,10 +188,11 @@ class SandboxRequest:
         _require_positive("output_max_files", self.output_max_files)
         if "\x00" in self.code or (self.stdin is not None and "\x00" in self.stdin):
             raise SandboxRequestError("code and stdin may not contain NUL characters")
-        if self.language == "node" and (
-            self.limits.address_space_for("node") < NODE_RESERVED_ADDRESS_SPACE + 64 * MiB
-        ):
-            raise SandboxRequestError("Node.js needs an address space of at least 832 MiB")
+        least = MIN_ADDRESS_SPACE.get(self.language)
+        if least is not None and self.limits.address_space_for(self.language) < least:
+            raise SandboxRequestError(
+                f"{self.language} needs an address space of at least {least // MiB} MiB"
+            )
         for path in self.files:
             validate_relative_path(path)
         for key, value in self.env.items():

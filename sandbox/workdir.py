@@ -3,7 +3,7 @@
 Layout (host side)::
 
     <work_root>/loopwright-sbx-XXXX/   0711, runner-owned: the sandbox uid may pass, not list
-        main.py | main.js              0444, bound read-only at /code/
+        main.py | main.js | main.ts    0444, bound read-only at /code/
         passwd, group                  0444, a one-user passwd for getpwuid()/os.userInfo()
         work/                          0700, sandbox uid: bound read-write at /workdir
             out/                       files the caller collects
@@ -46,7 +46,9 @@ from sandbox.types import (
 )
 
 SANDBOX_USER = 65534
-CODE_NAMES: Mapping[Language, str] = {"python": "main.py", "node": "main.js"}
+#: Deno's file is TypeScript (a plain JavaScript program is valid TypeScript): types are
+#: stripped, never checked (``deno run`` does not type-check).
+CODE_NAMES: Mapping[Language, str] = {"python": "main.py", "node": "main.js", "deno": "main.ts"}
 _PASSWD = "sandbox:x:65534:65534:sandbox:/workdir:/usr/sbin/nologin\n"  # noqa: S105 (no secret)
 _GROUP = "sandbox:x:65534:\n"
 

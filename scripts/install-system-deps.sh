@@ -9,6 +9,7 @@
 #   coreutils     nice
 #   python3       the interpreter Python skills run with (/usr/bin/python3)
 #   nodejs        the interpreter Node.js skills run with (/usr/bin/node), only if no node exists
+#   npm           fetches Deno (below), only when Deno is not installed at its pinned version
 #   chromium      the browser of the UI tests (Playwright drives Debian's build; no downloads)
 #   faketime      skewed worker clocks in the lease clock-skew test (D5), so it runs, not skips
 #   pgbouncer     the suite through a transaction pooler (scripts/pgbouncer-suite.sh)
@@ -37,6 +38,18 @@ done
 # sandbox expects it at /usr/bin/node unless LOOPWRIGHT_SANDBOX_NODE says otherwise.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 
+# Deno, the runtime of `deno` skills. Debian 12 packages no Deno: the npm registry's build is
+# used, pinned (exact version and integrity hashes) in deploy/deno/package-lock.json.
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+deno_home="${LOOPWRIGHT_DENO_HOME:-/opt/loopwright/deno}"
+deno_version=$(sed -n 's/^ *"deno": "\([0-9.]*\)"$/\1/p' "$repo/deploy/deno/package.json")
+deno_current() {
+  "$deno_home/bin/deno" --version 2>/dev/null | head -n 1 | cut -d' ' -f2
+}
+if [ "$(deno_current)" != "$deno_version" ]; then
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+fi
+
 if [ "${#missing[@]}" -gt 0 ]; then
   sudo=()
   if [ "$(id -u)" -ne 0 ]; then
@@ -52,6 +65,30 @@ if [ "${#missing[@]}" -gt 0 ]; then
     "${missing[@]}"
 else
   echo "==> system packages present: ${packages[*]} python3 node"
+fi
+
+if [ "$(deno_current)" != "$deno_version" ]; then
+  echo "==> installing Deno $deno_version into $deno_home/bin/deno"
+  staging=$(mktemp -d)
+  trap 'rm -rf "$staging"' EXIT
+  cp "$repo/deploy/deno/package.json" "$repo/deploy/deno/package-lock.json" "$staging/"
+  # --ignore-scripts: the deno package's postinstall only relinks its bin; the binary itself
+  # comes from the platform package npm selects (@deno/linux-x64-glibc, -arm64-glibc).
+  (cd "$staging" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  binary=$(find "$staging/node_modules/@deno" -mindepth 2 -maxdepth 2 -name deno -type f | head -n 1)
+  [ -n "$binary" ] || { echo "no Deno binary for this platform in the npm packages" >&2; exit 1; }
+  sudo_deno=()
+  [ "$(id -u)" -eq 0 ] || sudo_deno=(sudo)
+  # 0755 all the way: the sandbox binds the binary read-only and runs it as its own uid.
+  "${sudo_deno[@]}" install -d -m 0755 "$deno_home" "$deno_home/bin"
+  "${sudo_deno[@]}" install -m 0755 "$binary" "$deno_home/bin/deno.new"
+  "${sudo_deno[@]}" mv -f "$deno_home/bin/deno.new" "$deno_home/bin/deno"
+  [ "$(deno_current)" = "$deno_version" ] || { echo "Deno install failed" >&2; exit 1; }
+else
+  echo "==> Deno $deno_version present: $deno_home/bin/deno"
+fi
+if [ "$deno_home" != /opt/loopwright/deno ]; then
+  echo "note: Deno is $deno_home/bin/deno; set LOOPWRIGHT_SANDBOX_DENO to it" >&2
 fi
 
 if [ "$(command -v node)" != "/usr/bin/node" ]; then

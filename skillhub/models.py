@@ -21,6 +21,7 @@ TOOL_PREFIX = "skill_hub_"
 class SkillLanguage(models.TextChoices):
     PYTHON = "python", "Python"
     NODE = "node", "Node.js"
+    DENO = "deno", "Deno (TypeScript)"
 
 
 class ToolScope(models.TextChoices):
@@ -88,7 +89,8 @@ class Skill(models.Model):
                 name="skillhub_skill_output_range",
             ),
             models.CheckConstraint(
-                condition=Q(language__in=["python", "node"]), name="skillhub_skill_language"
+                condition=Q(language__in=["python", "node", "deno"]),
+                name="skillhub_skill_language",
             ),
         ]
 

@@ -36,7 +36,7 @@ def literal(language: str, value: Any) -> str:
     quoted = json.dumps(json.dumps(value, ensure_ascii=True), ensure_ascii=True)
     if language == "python":
         return f'__import__("json").loads({quoted})'
-    if language == "node":
+    if language in ("node", "deno"):
         return f"JSON.parse({quoted})"
     raise ValueError(f"unsupported language {language!r}")
 

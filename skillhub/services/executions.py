@@ -37,6 +37,7 @@ from orchestrator.metrics import SKILL_EXECUTIONS
 from orchestrator.queue import enqueue
 from runtime.egress_proxy import run_restricted
 from sandbox import (
+    Language,
     MiB,
     Network,
     OutputMeter,
@@ -273,7 +274,7 @@ def sandbox_request_for(
     skill's files (``skill_files`` unless given) and limits; outputs come from ``out/``."""
     cap = int(execution.output_cap_bytes)
     return SandboxRequest(
-        language="node" if execution.language == "node" else "python",
+        language=_LANGUAGES.get(execution.language, "python"),
         code=execution.code,
         stdin=json.dumps(execution.inputs),
         files=skill_files(execution.skill).files if files is None else files,
@@ -412,6 +413,8 @@ class _Watcher:
             self.announce_start()
 
 
+#: A stored language as the sandbox's (the check constraint allows no other).
+_LANGUAGES: dict[str, Language] = {"python": "python", "node": "node", "deno": "deno"}
 #: A stored network mode as the sandbox's; anything else is denied.
 _NETWORKS: dict[str, Network] = {"allow": "allow", "restricted": "restricted"}
 

@@ -9,9 +9,9 @@ Each folder has a ``SKILL.md`` whose YAML front matter describes the skill (came
 the spec: ``toolName``, ``title``, ``description``, ``language``, ``entry``, ``inputSchema``,
 ``interactionSchema``, ``packages``, ``timeoutSeconds``, ``maxOutputSizeMb``, ``autoCall``,
 ``toolScope``, ``employees``, ``enabled``); the Markdown body becomes ``instructions``, the entry
-file (default ``main.py`` / ``main.js``) the ``codeTemplate``, and the folder's other files a
-zip placed in the sandbox's working directory. Imported skills are disabled unless the
-manifest or front matter says ``enabled: true``.
+file (default ``main.py`` / ``main.js`` / ``main.ts`` by language) the ``codeTemplate``, and the
+folder's other files a zip placed in the sandbox's working directory. Imported skills are
+disabled unless the manifest or front matter says ``enabled: true``.
 
 ``gitSyncSkills`` first computes the diff against the local skills (create / update with the
 changed fields / unchanged / conflict: a local skill of that name that did not come from this
@@ -36,6 +36,8 @@ from skillhub.models import Skill, SkillSource
 from skillhub.services.skills import skill_create, skill_update
 
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)(.*)\Z", re.DOTALL)
+#: The entry file of a skill folder whose front matter names none, by language.
+_ENTRIES = {"python": "main.py", "node": "main.js", "deno": "main.ts"}
 _FIELDS = {
     "title": "title", "description": "description", "language": "language",
     "inputSchema": "input_schema", "interactionSchema": "interaction_schema",
@@ -87,7 +89,7 @@ def _read_skill(root: Path, entry_spec: dict[str, Any]) -> dict[str, Any]:
     meta, body = _front_matter((folder / "SKILL.md").read_text(), rel)
     meta = {**meta, **{k: v for k, v in entry_spec.items() if k != "path"}}
     language = meta.get("language", "python")
-    entry = str(meta.get("entry") or ("main.js" if language == "node" else "main.py"))
+    entry = str(meta.get("entry") or _ENTRIES.get(str(language), "main.py"))
     entry_path = (folder / entry).resolve()
     if folder not in entry_path.parents or not entry_path.is_file():
         raise GitImportError(f"{rel}: entry file {entry!r} is missing")

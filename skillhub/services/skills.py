@@ -14,7 +14,7 @@ from jsonschema.exceptions import SchemaError
 
 from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict, InvalidInput, NotFound
-from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillSource, ToolScope
+from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillLanguage, SkillSource, ToolScope
 from skillhub.render import placeholders
 from skillhub.services.localdir import LocalDirRefused, local_dir_validate
 from skillhub.services.packages import package_hint, package_pattern
@@ -93,6 +93,10 @@ def _package_errors(values: Any, language: Any) -> Errors:
         return [_err("/packages", "must be a list of package names")]
     if len(values) > 50:
         return [_err("/packages", "may name at most 50 packages")]
+    if values and language == SkillLanguage.DENO:
+        # Nothing would provide or check them: Deno runs with no npm, JSR or remote imports.
+        return [_err("/packages", "deno skills take no packages (no npm, JSR or remote imports)",
+                     "not_supported")]  # fmt: skip
     pattern, hint = package_pattern(language), package_hint(language)
     return [_err(f"/packages/{i}", f"{v!r} is not a valid package name: expected {hint}")
             for i, v in enumerate(values) if not pattern.fullmatch(v)]  # fmt: skip
@@ -154,8 +158,8 @@ def _field_errors(data: Mapping[str, Any]) -> Errors:
         errors += _placeholder_errors(str(data.get("code_template") or ""), data["input_schema"])
     if not str(data.get("code_template") or "").strip():
         errors.append(_err("/code_template", "may not be empty", "required"))
-    if data.get("language") not in ("python", "node"):
-        errors.append(_err("/language", "must be python or node"))
+    if data.get("language") not in SkillLanguage.values:
+        errors.append(_err("/language", "must be python, node or deno"))
     if not 1 <= int(data.get("timeout_seconds") or 0) <= 600:
         errors.append(_err("/timeout_seconds", "must be between 1 and 600"))
     if not 1 <= int(data.get("max_output_size_mb") or 0) <= 100:

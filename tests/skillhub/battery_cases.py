@@ -11,7 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox import Language, SandboxLimits, SandboxRequest, SandboxResult, run_sandboxed_async
+from sandbox import (
+    Language,
+    SandboxConfig,
+    SandboxLimits,
+    SandboxRequest,
+    SandboxResult,
+    run_sandboxed_async,
+)
 from tests.skillhub.battery_host import (
     CONCURRENCY,
     OUTPUT_CAP,
@@ -22,6 +29,10 @@ from tests.skillhub.battery_host import (
     processes_with,
 )
 from tests.skillhub.battery_programs import NODE_CODE, PY_CODE
+from tests.skillhub.battery_programs_deno import DENO_CODE
+
+#: The hostile programs of each language.
+PROGRAMS: dict[str, dict[int, str]] = {"python": PY_CODE, "node": NODE_CODE, "deno": DENO_CODE}
 
 
 def _no_line(result: SandboxResult, prefix: str) -> list[str]:
@@ -182,9 +193,18 @@ TIMEOUTS = {6: 4.0, 9: 2.0, 11: 2.0}
 LIMITS = {8: SandboxLimits(cpu_seconds=1)}
 
 
-def build_case(number: int, language: Language, host: Host) -> Case:
+def build_case(
+    number: int,
+    language: Language,
+    host: Host,
+    *,
+    variant: str = "",
+    config: SandboxConfig | None = None,
+    checks: dict[int, Callable[[SandboxResult, Host], list[str]]] | None = None,
+) -> Case:
+    """Case ``number`` in ``language``; ``checks`` replace the default checks of some cases."""
     marker = f"lw-marker-{uuid.uuid4().hex}"
-    template = (PY_CODE if language == "python" else NODE_CODE)[number]
+    template = PROGRAMS[language][number]
     code = template.format(
         canary=host.lit(host.canary_file),
         canary_dir=host.lit(host.canary_dir),
@@ -198,11 +218,13 @@ def build_case(number: int, language: Language, host: Host) -> Case:
         number=number,
         language=language,
         code=code,
-        check=CHECKS[number],
+        check=(checks or {}).get(number, CHECKS[number]),
         timeout=TIMEOUTS.get(number, 10.0),
         limits=LIMITS.get(number, SandboxLimits()),
         collect_outputs="*" if number == 14 else None,
         marker=marker,
+        variant=variant,
+        config=config,
     )
 
 
@@ -217,7 +239,7 @@ async def run_case(case: Case, gate: asyncio.Semaphore) -> Outcome:
     )
     async with gate:
         started = time.monotonic()
-        result = await run_sandboxed_async(request)
+        result = await run_sandboxed_async(request, case.config)
         wall = time.monotonic() - started
     # In a thread: a /proc walk on the event loop would delay the other cases' deadlines.
     markers = await asyncio.to_thread(processes_with, case.marker) if case.marker else []

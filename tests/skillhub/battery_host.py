@@ -70,10 +70,14 @@ class Case:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     collect_outputs: str | None = None
     marker: str | None = None
+    #: Told apart in keys: "" (the runner's own flags) or "-open" (Deno's wall opened by a
+    #: test-only interpreter wrapper, battery_deno.py); ``config`` runs it (None: from_env).
+    variant: str = ""
+    config: SandboxConfig | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.language}-{self.number:02d}"
+        return f"{self.language}{self.variant}-{self.number:02d}"
 
 
 @dataclass(frozen=True)

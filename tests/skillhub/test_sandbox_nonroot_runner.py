@@ -54,6 +54,7 @@ runs = {
     "bomb": run_sandboxed(SandboxRequest(language="python", code=bomb, timeout_seconds=2)),
     "daemon": run_sandboxed(SandboxRequest(language="python", code=daemon, timeout_seconds=2)),
     "node": run_sandboxed(SandboxRequest(language="node", code="console.log(process.getuid())")),
+    "deno": run_sandboxed(SandboxRequest(language="deno", code="console.log(Deno.env.get('HOME'))")),
 }
 print(json.dumps({
     "euid": os.geteuid(),
@@ -150,3 +151,5 @@ def test_an_unprivileged_runner_kills_grandchildren_at_the_timeout(
 def test_an_unprivileged_runner_hides_its_environment(nonroot_report: dict[str, Any]) -> None:
     assert "s3cr3t" not in nonroot_report["runs"]["env"]["stdout"]
     assert nonroot_report["runs"]["node"]["stdout"] == "65534\n"
+    deno = nonroot_report["runs"]["deno"]  # /opt/loopwright/deno bound in for a non-root uid too
+    assert (deno["stdout"], deno["exit"], deno["backend"]) == ("/workdir\n", 0, "bubblewrap")

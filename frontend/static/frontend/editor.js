@@ -143,7 +143,8 @@
 
   var KEYWORDS = {
     python: "False None True and as assert async await break class continue def del elif else except finally for from global if import in is lambda nonlocal not or pass raise return try while with yield print len range self",
-    node: "async await break case catch class const continue default delete do else export extends false finally for function if import in instanceof let new null of return super switch this throw true try typeof undefined var void while yield require console"
+    node: "async await break case catch class const continue default delete do else export extends false finally for function if import in instanceof let new null of return super switch this throw true try typeof undefined var void while yield require console",
+    deno: "async await break case catch class const continue default delete do else enum export extends false finally for function if implements import in instanceof interface let new null of readonly return super switch this throw true try type typeof undefined var void while yield console Deno"
   };
 
   function escapeHtml(text) {
@@ -154,8 +155,9 @@
   function highlight(text, language) {
     var words = {};
     (KEYWORDS[language] || KEYWORDS.python).split(" ").forEach(function (w) { words[w] = true; });
-    var comment = language === "node" ? "\\/\\/[^\\n]*|\\/\\*[\\s\\S]*?\\*\\/" : "#[^\\n]*";
-    var strings = language === "node"
+    var script = language === "node" || language === "deno";
+    var comment = script ? "\\/\\/[^\\n]*|\\/\\*[\\s\\S]*?\\*\\/" : "#[^\\n]*";
+    var strings = script
       ? "`(?:\\\\[\\s\\S]|[^`\\\\])*`?|\"(?:\\\\.|[^\"\\\\\\n])*\"?|'(?:\\\\.|[^'\\\\\\n])*'?"
       : "\"\"\"[\\s\\S]*?(?:\"\"\"|$)|'''[\\s\\S]*?(?:'''|$)|\"(?:\\\\.|[^\"\\\\\\n])*\"?|'(?:\\\\.|[^'\\\\\\n])*'?";
     var token = new RegExp("(" + comment + ")|(" + strings + ")|(\\{\\{\\s*\\w+\\s*\\}\\})|(\\b\\d+(?:\\.\\d+)?\\b)|([A-Za-z_$][\\w$]*)", "g");
