@@ -426,8 +426,10 @@ class SkillForm(forms.Form):
     packages = NameListField(
         required=False,
         help_text=(
-            "Packages the program imports, one per line; checked in the sandbox before it runs "
-            "(install them on the skills worker, see docs/skills.md). Deno skills take none."
+            "Packages to install for the program, one per line: PyPI names (PyYAML, "
+            "numpy==1.26.4) or npm names (lodash, @scope/name@1.2.3); installed before the "
+            "first run, pinned, read-only in the sandbox (docs/skills.md). Deno skills take "
+            "none."
         ),
     )
     timeout_seconds = forms.IntegerField(

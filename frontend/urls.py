@@ -25,6 +25,7 @@ from frontend.views import (
 from frontend.views import gateway as gateway_pages
 from frontend.views import instructions as instruction_pages
 from frontend.views import knowledge as knowledge_pages
+from frontend.views import skill_env as skill_env_pages
 from frontend.views import skill_versions as skill_version_pages
 
 app_name = "ui"
@@ -141,6 +142,16 @@ urlpatterns = [
         "skills/<slug:tool_name>/rollback",
         skill_version_pages.skill_rollback_view,
         name="skill-rollback",
+    ),
+    path(
+        "skills/<slug:tool_name>/env/build",
+        skill_env_pages.skill_env_build_view,
+        name="skill-env-build",
+    ),
+    path(
+        "skills/<slug:tool_name>/env/clear",
+        skill_env_pages.skill_env_clear_view,
+        name="skill-env-clear",
     ),
     path(
         "skills/<slug:tool_name>/executions/<str:execution_id>",

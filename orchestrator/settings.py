@@ -322,6 +322,15 @@ SKILLHUB: dict[str, Any] = {
     # Every MCP request is answered on its own, with no session kept in the process: any web
     # replica serves any request (no sticky sessions needed).
     "MCP_STATELESS": env_bool("LOOPWRIGHT_MCP_STATELESS", False),
+    # Package environments of skills (skillhub.services.envbuild): where they are cached on
+    # this host (each component traversable by the sandbox uid), their size cap, how long one
+    # build may take, and the indexes pip and npm install from.
+    "ENV_DIR": os.environ.get("LOOPWRIGHT_SKILL_ENV_DIR") or str(VAR_DIR / "skill-envs"),
+    "ENV_MAX_MB": env_int("LOOPWRIGHT_SKILL_ENV_MAX_MB", 512),
+    "ENV_BUILD_TIMEOUT_SECONDS": env_float("LOOPWRIGHT_SKILL_ENV_BUILD_TIMEOUT", 300.0),
+    "PIP_INDEX_URL": os.environ.get("LOOPWRIGHT_SKILL_PIP_INDEX_URL") or "https://pypi.org/simple",
+    "NPM_REGISTRY": os.environ.get("LOOPWRIGHT_SKILL_NPM_REGISTRY")
+    or "https://registry.npmjs.org/",
 }
 
 #: Hard ceilings of every harness compilation (JSON, same schema as a profile's settings).

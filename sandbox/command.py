@@ -53,6 +53,20 @@ BIND_SCRIPT = '/usr/bin/mount --bind -- "$1" "$2" || exit 125; shift 2; exec "$@
 SANDBOX_WORKDIR = "/workdir"
 SANDBOX_CODE_DIR = "/code"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Where a Python skill's package environment is bound read-only (its ``site-packages`` goes
+#: on ``sys.path``), and where a Node.js skill's ``node_modules`` is: ``require`` and
+#: ``import`` from /code or /workdir look in /node_modules after their own directories.
+SANDBOX_ENV_DIR = "/skill-env"
+SANDBOX_NODE_MODULES = "/node_modules"
+#: ``python3 -I -S -c BOOT SITE PROGRAM``: appends SITE to ``sys.path`` (after the standard
+#: library, so a package cannot shadow it) and runs PROGRAM as ``__main__``. The isolation
+#: flags are untouched: no PYTHON* variables, no user or system site-packages, no script dir.
+PYTHON_ENV_BOOT = (
+    "import sys, runpy\n"
+    "sys.path.append(sys.argv[1])\n"
+    "sys.argv[:] = sys.argv[2:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
 #: Private tmpfs mounts inside the sandbox's own mount namespace, not the host's directories.
 SANDBOX_TMP = "/tmp"  # noqa: S108
 SANDBOX_SHM = "/dev/shm"  # noqa: S108
@@ -110,13 +124,20 @@ def program_env(request: SandboxRequest, *, home: str, tmpdir: str) -> dict[str,
 
 
 def interpreter_argv(
-    config: SandboxConfig, language: Language, code_path: str, address_space: int
+    config: SandboxConfig,
+    language: Language,
+    code_path: str,
+    address_space: int,
+    site_packages: str | None = None,
 ) -> list[str]:
     if language == "python":
         # -I: ignore PYTHON* variables and the user site; -S: no site-packages, so the host's
         # installed packages are not importable by accident (skills declare their packages);
         # -B: no .pyc writes; utf8 mode: the same stdout encoding whatever the locale.
-        return [config.python_path, "-I", "-S", "-B", "-X", "utf8", code_path]
+        python = [config.python_path, "-I", "-S", "-B", "-X", "utf8"]
+        if site_packages is not None:
+            return [*python, "-c", PYTHON_ENV_BOOT, site_packages, code_path]
+        return [*python, code_path]
     heap_mib = max(64, (address_space - NODE_RESERVED_ADDRESS_SPACE) // MiB)
     # Blocking stdout/stderr, so an output flood meets the cap (nodestdio.py).
     stdio = node_stdio_args(config.node_path)
@@ -210,7 +231,8 @@ def bwrap_launch(
         )
         env.update(deno_env(SANDBOX_TMP))
     if program is None:
-        program = interpreter_argv(config, request.language, code_path, address_space)
+        site = f"{SANDBOX_ENV_DIR}/site-packages" if request.packages_dir else None
+        program = interpreter_argv(config, request.language, code_path, address_space, site)
     egress = egress_enabled(request)
     if egress:
         forwarder = f"{SANDBOX_CODE_DIR}/{FORWARDER_NAME}"
@@ -227,7 +249,8 @@ def bwrap_launch(
         seccomp_fd=seccomp_fd,
         extra_mounts=mask_options(request)
         + egress_options(request, rundir)
-        + interpreter_binds(config, request),
+        + interpreter_binds(config, request)
+        + packages_options(request),
     )
     options += ["--json-status-fd", str(status_fd)]
     private = None if rundir.bind_point is None else (rundir.work, rundir.bind_point)
@@ -262,6 +285,16 @@ def interpreter_binds(config: SandboxConfig, request: SandboxRequest) -> list[st
     return ["--ro-bind", path, path]
 
 
+def packages_options(request: SandboxRequest) -> list[str]:
+    """The skill's package environment, read-only: a program cannot change what later runs of
+    the skill (or of other skills with the same packages) import."""
+    if request.packages_dir is None:
+        return []
+    if request.language == "node":
+        return ["--ro-bind", f"{request.packages_dir}/node_modules", SANDBOX_NODE_MODULES]
+    return ["--ro-bind", request.packages_dir, SANDBOX_ENV_DIR]
+
+
 def egress_options(request: SandboxRequest, rundir: RunDir) -> list[str]:
     if not egress_enabled(request):
         return []
@@ -280,6 +313,9 @@ def rlimit_launch(
 ) -> Launch:
     address_space = request.limits.address_space_for(request.language)
     env = program_env(request, home=str(rundir.work), tmpdir=str(rundir.tmp))
+    # No mount namespace here: the environment is used at its host path (owned by the service
+    # user, so the run's uid cannot write it either).
+    packages = request.packages_dir
     if request.language == "deno":
         work, tmp = str(rundir.work), str(rundir.tmp)
         program = deno_program(
@@ -287,7 +323,10 @@ def rlimit_launch(
         )
         env.update(deno_env(tmp))
     else:
-        program = interpreter_argv(config, request.language, str(rundir.code), address_space)
+        site = f"{packages}/site-packages" if packages and request.language == "python" else None
+        program = interpreter_argv(config, request.language, str(rundir.code), address_space, site)
+    if packages and request.language == "node":
+        env["NODE_PATH"] = f"{packages}/node_modules"
     argv = host_prefix(config, uid) + limits_argv(request.limits, address_space) + program
     return Launch(argv=argv, env=env, cwd=str(rundir.work))
 

@@ -175,6 +175,10 @@ class SandboxRequest:
     #: files hidden behind ``/dev/null`` (read-only): the harness's ``paths.deny``.
     mask_dirs: tuple[str, ...] = ()
     mask_files: tuple[str, ...] = ()
+    #: A built package environment (absolute host directory: ``site-packages/`` for Python,
+    #: ``node_modules/`` for Node.js), bound read-only and put on the interpreter's search
+    #: path (docs/sandbox.md, "Package environments").
+    packages_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:
@@ -259,6 +263,9 @@ def _validate_masks_and_egress(request: SandboxRequest) -> None:
         raise SandboxRequestError("masks apply only to an existing workdir")
     for path in (*request.mask_dirs, *request.mask_files):
         validate_relative_path(path)
+    packages = request.packages_dir
+    if packages is not None and ("\x00" in packages or not PurePosixPath(packages).is_absolute()):
+        raise SandboxRequestError("packages_dir must be an absolute path")
     socket = request.egress_socket
     if socket is not None and ("\x00" in socket or not PurePosixPath(socket).is_absolute()):
         raise SandboxRequestError("egress_socket must be an absolute path")

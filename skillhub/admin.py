@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from orchestrator.admin_readonly import ViewOnlyAdmin
-from skillhub.models import Skill, SkillExecution, SkillLoopConfig
+from skillhub.models import Skill, SkillEnvironment, SkillExecution, SkillLoopConfig
 
 
 @admin.register(Skill)
@@ -29,3 +29,12 @@ class SkillExecutionAdmin(ViewOnlyAdmin):
 @admin.register(SkillLoopConfig)
 class SkillLoopConfigAdmin(admin.ModelAdmin[SkillLoopConfig]):
     list_display = ["skill", "requires_review", "updated_at"]
+
+
+@admin.register(SkillEnvironment)
+class SkillEnvironmentAdmin(ViewOnlyAdmin):
+    """View-only: environments are built and cleared through initEnv / clearStorage."""
+
+    list_display = ["key", "language", "status", "size_bytes", "built_at"]
+    list_filter = ["language", "status"]
+    search_fields = ["key"]

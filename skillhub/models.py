@@ -161,7 +161,7 @@ class SkillExecution(models.Model):
     network = models.CharField(max_length=10, default="deny")
     #: The hosts a ``restricted`` network may reach (the caller's ``isolation.allowedHosts``).
     allowed_hosts = models.JSONField(default=list, blank=True)
-    #: The skill's declared packages, checked in the sandbox before the program runs.
+    #: The skill's declared packages, installed into its package environment before the run.
     packages = models.JSONField(default=list, blank=True)
     status = models.CharField(
         max_length=10, choices=ExecutionStatus.choices, default=ExecutionStatus.QUEUED
@@ -219,7 +219,7 @@ class ExecutionEventType(models.TextChoices):
     QUEUED = "queued", "Queued"
     CLAIMED = "claimed", "Claimed by a worker"
     RENDERING = "rendering", "Preparing the sandbox request"
-    PACKAGES_CHECKED = "packages_checked", "Packages checked"
+    PACKAGES_CHECKED = "packages_checked", "Package environment ready"
     SANDBOX_STARTED = "sandbox_started", "Sandbox started"
     PROGRESS = "progress", "Output so far"
     SUCCEEDED = "succeeded", "Succeeded"
@@ -352,3 +352,43 @@ class DirectorySkill(models.Model):
 
     def __str__(self) -> str:
         return f"{self.directory_id}:{self.name}"
+
+
+class EnvironmentStatus(models.TextChoices):
+    READY = "ready", "Ready"
+    FAILED = "failed", "Build failed"
+    #: Deleted by clearStorage; ``lock`` is kept so the rebuild installs the same versions.
+    CLEARED = "cleared", "Cleared"
+
+
+class SkillEnvironment(models.Model):
+    """A package environment on disk (``skillhub.services.envbuild``), one row per key: skills
+    declaring the same packages for the same interpreter and index share it. ``lock`` is what
+    the first build resolved; every rebuild of the key installs exactly it."""
+
+    key = models.CharField(max_length=64, unique=True)
+    language = models.CharField(max_length=10, choices=SkillLanguage.choices)
+    #: ``python 3.11.2`` / ``node v20.1.0``.
+    interpreter = models.CharField(max_length=100)
+    index_url = models.CharField(max_length=2000)
+    specs = models.JSONField(default=list)
+    status = models.CharField(max_length=10, choices=EnvironmentStatus.choices)
+    #: Every installed distribution as ``name==version`` / ``name@version``.
+    pins = models.JSONField(default=list, blank=True)
+    #: Python: requirement lines; npm: ``package-lock.json``. Empty until a build succeeded.
+    lock = models.TextField(blank=True, default="")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    built_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in EnvironmentStatus]),
+                name="skillhub_env_status",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.language} env {self.key}"

@@ -5,6 +5,7 @@ from rest_framework.routers import SimpleRouter
 
 from skillhub.api import ExecutionViewSet, SkillViewSet
 from skillhub.api_directories import SkillDirectoryViewSet
+from skillhub.api_env import SkillEnvironmentView
 from skillhub.api_snapshots import urlpatterns as snapshot_urls
 from skillhub.api_versions import (
     RegistryInstallView,
@@ -25,5 +26,6 @@ urlpatterns = [
     path("skills/registry/install", RegistryInstallView.as_view(), name="skill-registry-install"),
     path("skills/<slug:tool_name>/versions", SkillVersionsView.as_view(), name="skill-versions"),
     path("skills/<slug:tool_name>/rollback", SkillRollbackView.as_view(), name="skill-rollback"),
+    path("skills/<slug:tool_name>/env", SkillEnvironmentView.as_view(), name="skill-env"),
     *router.urls,
 ]

@@ -27,6 +27,7 @@ from orchestrator.errors import Conflict, DomainError, InvalidInput
 from skillhub.models import Skill, SkillLoopConfig
 from skillhub.render import with_defaults
 from skillhub.services.access import Caller
+from skillhub.services.environments import environment_status
 from skillhub.services.events import events_after
 from skillhub.services.executions import execution_manifest, execution_request, execution_wait
 from skillhub.services.review import skill_review_save
@@ -88,6 +89,7 @@ def _page_context(
         "versions": versions_list(skill),
         "review": config,
         "review_form": review_form,
+        "environment": environment_status(skill=skill),
     }
 
 

@@ -22,7 +22,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -62,9 +62,10 @@ from skillhub.services.access import (
     skill_allowed_hosts,
     skill_network,
 )
+from skillhub.services.envbuild import EnvBuildError
+from skillhub.services.environments import execution_environment
 from skillhub.services.events import event_append
 from skillhub.services.localdir import LocalCopy, local_dir_files
-from skillhub.services.packages import packages_missing, packages_missing_text
 from skillhub.services.results import (
     ExecutionLease,
     execution_fail,
@@ -306,9 +307,10 @@ def execution_run(*, execution_id: uuid.UUID, owner: str) -> SkillExecution | No
         if copy.skipped:
             rendering["skipped"] = storable(copy.skipped[:50])
         _event(lease, ExecutionEventType.RENDERING, rendering)
-        missing = _packages_preflight(lease, execution, request)
-        if missing:
-            execution_fail(lease=lease, error=packages_missing_text(missing, execution.language))
+        try:
+            request = _with_environment(lease, execution, request)
+        except EnvBuildError as exc:
+            execution_fail(lease=lease, error=str(exc))
             return _finished(execution_id)
         result = _run_watched(lease, request, execution.allowed_hosts or ())
     except SandboxError as exc:
@@ -343,17 +345,18 @@ def _rendering_data(request: SandboxRequest) -> dict[str, Any]:
     }
 
 
-def _packages_preflight(
+def _with_environment(
     lease: ExecutionLease, execution: SkillExecution, request: SandboxRequest
-) -> list[str]:
-    """The declared packages the sandbox's interpreter cannot import (checked in the sandbox,
-    with the program's files and interpreter); [] when none are declared."""
-    packages = [str(p) for p in (execution.packages or [])]
-    if not packages:
-        return []
-    missing = packages_missing(request, packages)
-    _event(lease, ExecutionEventType.PACKAGES_CHECKED, {"packages": packages, "missing": missing})
-    return missing
+) -> SandboxRequest:
+    """The request with the package environment of the execution's pinned packages (built or
+    reused now, outside the sandbox; bound read-only inside it); unchanged without packages."""
+    env = execution_environment(lease, execution)
+    if env is None:
+        return request
+    data = {"packages": list(execution.packages), "pins": env.pins, "size_bytes": env.size_bytes,
+            "built": env.built}  # fmt: skip
+    _event(lease, ExecutionEventType.PACKAGES_CHECKED, data)
+    return replace(request, packages_dir=str(env.path))
 
 
 #: Seconds between two ``progress`` events of a running program.

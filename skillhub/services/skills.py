@@ -17,7 +17,7 @@ from orchestrator.errors import Conflict, InvalidInput, NotFound
 from skillhub.models import TOOL_NAME_PATTERN, Skill, SkillLanguage, SkillSource, ToolScope
 from skillhub.render import placeholders
 from skillhub.services.localdir import LocalDirRefused, local_dir_validate
-from skillhub.services.packages import package_hint, package_pattern
+from skillhub.services.packages import package_errors
 from skillhub.services.s3ref import S3Refused, s3_check
 from skillhub.services.versions import version_baseline, version_record
 
@@ -87,8 +87,8 @@ def _archive_errors(archive: bytes | None) -> Errors:
 
 
 def _package_errors(values: Any, language: Any) -> Errors:
-    """Names only (checked in the sandbox before each run, never installed): no versions, paths
-    or shell syntax, so nothing a later installer could be tricked with is ever stored."""
+    """Specs installed into the skill's package environment (``skillhub.services.packages``):
+    names with an optional exact version, nothing an installer could be tricked with."""
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         return [_err("/packages", "must be a list of package names")]
     if len(values) > 50:
@@ -97,9 +97,7 @@ def _package_errors(values: Any, language: Any) -> Errors:
         # Nothing would provide or check them: Deno runs with no npm, JSR or remote imports.
         return [_err("/packages", "deno skills take no packages (no npm, JSR or remote imports)",
                      "not_supported")]  # fmt: skip
-    pattern, hint = package_pattern(language), package_hint(language)
-    return [_err(f"/packages/{i}", f"{v!r} is not a valid package name: expected {hint}")
-            for i, v in enumerate(values) if not pattern.fullmatch(v)]  # fmt: skip
+    return [_err(f"/packages/{i}", detail) for i, detail in package_errors(values, language)]
 
 
 def _source_errors(data: Mapping[str, Any]) -> Errors:

@@ -177,6 +177,11 @@ RIGHTS: dict[str, dict[str, str]] = {
     "skill-registry-list": {"POST": OPERATOR},
     "skill-registry-install": {"POST": OPERATOR},
     "ui:skill-rollback": {"POST": OPERATOR},
+    # a skill's package environment (docs/skills.md): everyone reads; operators build it
+    # (initEnv) and clear it (clearStorage), as they edit skills
+    "skill-env": {**READ, "POST": OPERATOR, "DELETE": OPERATOR},
+    "ui:skill-env-build": {"POST": OPERATOR},
+    "ui:skill-env-clear": {"POST": OPERATOR},
     "ui:skill-review": {"POST": OPERATOR},
     "mcp-server-list": {**READ, "POST": ADMIN},
     "mcp-server-detail": {**READ, "PUT": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},

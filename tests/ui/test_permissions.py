@@ -89,6 +89,8 @@ def _post_targets(world: dict[str, Any]) -> dict[str, tuple[str, dict[str, str],
             "skill-snapshot": ("/skills/snapshot", {"step": "preview"}, Role.OPERATOR),
             "skill-rollback": ("/skills/greet/rollback", {"reason": "x"}, Role.OPERATOR),
             "skill-review": ("/skills/greet/review", {"requires_review": "on"}, Role.OPERATOR),
+            "skill-env-build": ("/skills/greet/env/build", {}, Role.OPERATOR),
+            "skill-env-clear": ("/skills/greet/env/clear", {}, Role.OPERATOR),
             # The guard refuses before the employee is looked up.
             "employee-harness": ("/employees/x/harness", {"harness_tag": ""}, Role.OPERATOR),
             # Grants are access control: admins only (tests/ui/test_employee_endpoint_pages.py).
