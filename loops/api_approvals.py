@@ -54,8 +54,12 @@ class ApprovalViewSet(
             "re-checked against the run's policy) or reject with a `reason`. An approval of "
             "`kind` `input` is a question a running call asked (a remote A2A agent's "
             "`input-required`): `answer` it (the call goes on with the answer, on the same "
-            "remote task) or reject it. A second decision is 409; a user who may not decide "
-            "gets 403."
+            "remote task) or reject it. An approval with a `review_schema` (a reviewed "
+            "skill's) is decided only with a `review` valid against it (400 naming the field "
+            "otherwise); the model is told the review with the call's result or rejection. "
+            "A `review` on an approval without a `review_schema` is refused (400). "
+            "`interaction_schema` is the schema of the form to edit `input` with. A second "
+            "decision is 409; a user who may not decide gets 403."
         ),
     )
     @action(detail=True, methods=["post"])
@@ -71,5 +75,6 @@ class ApprovalViewSet(
             input=body.validated_data["input"],
             reason=body.validated_data["reason"],
             answer=body.validated_data["answer"],
+            review=body.validated_data["review"],
         )
         return Response(ApprovalSerializer(decided).data)

@@ -216,8 +216,7 @@ class LoopStep(models.Model):
     """One persisted unit of an invocation: a model step or a tool call.
 
     A tool step with ``status=started`` and no result is a call that may have run: on resume it
-    is re-issued with the same ``idempotency_key``. A completed step is never re-executed.
-    """
+    is re-issued with the same ``idempotency_key``. A completed step is never re-executed."""
 
     # Indexed by the (run, seq) unique constraint, which serves run lookups too.
     run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
@@ -351,8 +350,9 @@ class ActionApproval(models.Model):
 
     ``proposal_hash`` binds the decision to exactly this call: tool name, canonical arguments,
     run, step and harness version. ``executed_hash`` is written when the approved call runs, so
-    an audit can prove that what ran is what was approved (docs/reliability.md A2).
-    """
+    an audit can prove that what ran is what was approved (docs/reliability.md A2). The forms a
+    person saw (``interaction_schema``, ``review_schema``) are captured when it opens; ``review``
+    is what the reviewer filled, valid against ``review_schema`` (docs/approvals.md)."""
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="approvals")
@@ -371,6 +371,9 @@ class ActionApproval(models.Model):
         max_length=10, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING
     )
     decided_input = models.JSONField(null=True, blank=True)
+    interaction_schema = models.JSONField(null=True, blank=True)
+    review_schema = models.JSONField(null=True, blank=True)
+    review = models.JSONField(null=True, blank=True)
     decided_by = models.CharField(max_length=150, blank=True, default="")
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_reason = models.TextField(blank=True, default="")
@@ -398,12 +401,9 @@ class ActionApproval(models.Model):
             ),
         ]
         indexes = [
-            models.Index(
-                fields=["expires_at"],
-                name="loops_approval_pending_expiry",
-                condition=Q(status="pending"),
-            )
-        ]
+            models.Index(fields=["expires_at"], name="loops_approval_pending_expiry",
+                         condition=Q(status="pending"))
+        ]  # fmt: skip
 
     def __str__(self) -> str:
         return f"{self.tool_name} ({self.status}) for {self.run_id}"

@@ -265,7 +265,7 @@ class ApprovalSerializer(StrictModelSerializer[ActionApproval]):
         fields = [
             "id", "run", "pattern", "goal", "step_seq", "role", "invocation", "employee_username",
             "tool_name", "kind", "arguments", "reason", "answer", "status", "policy_version",
-            "proposal_hash",
+            "proposal_hash", "interaction_schema", "review_schema", "review",
             "decided_input", "decided_by", "decided_at", "decision_reason", "approved_hash",
             "executed_hash", "executed_at", "expires_at", "created_at",
         ]  # fmt: skip
@@ -289,3 +289,10 @@ class DecideSerializer(StrictSerializer):
         help_text="The answer to a question a call asked (with decision `answer`).",
     )
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    review = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The review, valid against the approval's `review_schema`: required to approve "
+        "or reject an approval that has one, refused on one that has none.",
+    )

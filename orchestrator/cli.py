@@ -4,8 +4,8 @@
                                  [--overrides-json '{...}'] [--watch]
     loopwright watch <run-id> [--through-approvals]
     loopwright approvals [--run <run-id>]
-    loopwright approve <approval-id | run-id> [--reason TEXT]
-    loopwright reject <approval-id | run-id> [--reason TEXT]
+    loopwright approve <approval-id | run-id> [--reason TEXT] [--review JSON]
+    loopwright reject <approval-id | run-id> [--reason TEXT] [--review JSON]
 
 Every command takes ``--color=auto|always|never`` and ``--no-color`` (docs: cli_color.py).
 ``--override`` and ``--overrides-json`` give the run's own harness layer (docs/harness.md): it
@@ -276,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         decide.add_argument(
             "--reason", metavar="TEXT", help="why (recorded with the decision; optional)"
+        )
+        decide.add_argument(
+            "--review",
+            metavar="JSON",
+            help="the review, as JSON: needed when the call's tool asks for one (the "
+            "approval's review_schema, a reviewed skill's), refused otherwise",
         )
         decide.set_defaults(handler=handler)
     return parser

@@ -77,8 +77,13 @@ def approval_to_decide(api: Api, given: str) -> dict[str, Any]:
 
 def decide(api: Api, args: argparse.Namespace, out: TextIO, paint: Palette, decision: str) -> int:
     """POST the decision on the approval ``args.id`` names; print what it became."""
+    body: dict[str, Any] = {"decision": decision, "reason": args.reason or ""}
+    if getattr(args, "review", None) is not None:  # the API validates it against the schema
+        try:
+            body["review"] = json.loads(args.review)
+        except ValueError as exc:
+            raise CliError(f"--review is not JSON: {exc}") from exc
     approval = approval_to_decide(api, args.id)
-    body = {"decision": decision, "reason": args.reason or ""}
     try:
         decided = api.request(
             "POST", f"approvals/{quote(str(approval['id']), safe='')}/decide", json=body

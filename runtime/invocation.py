@@ -287,7 +287,8 @@ class StepJournal(Protocol):
 
     def tool_notice(self, seq: int) -> str:
         """A notice the run's policy attached to tool step ``seq`` when it began (a run-level
-        tool-loop warning), to show the model with the call's result; "" for none.
+        tool-loop warning), or the review of the approval it runs under (given with
+        :meth:`authorize`), to show the model with the call's result; "" for none.
 
         ``begin`` and ``gate`` of a tool step may also raise :class:`ToolCallRefused` (the call
         must not run) or :class:`RunHalted` (the run stops); ``record`` may raise

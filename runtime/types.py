@@ -101,3 +101,10 @@ class ToolSpec:
     enforceable: bool = True
     #: It works in the invocation's working directory (not offered where there is none).
     needs_workdir: bool = False
+    #: The schema of the form a person edits a gated call's arguments with (a skill's
+    #: interactionSchema, else its input schema); None: the arguments as JSON. Never sent to
+    #: a model; an approval captures it when it opens.
+    interaction_schema: dict[str, Any] | None = None
+    #: The JSON Schema of the review a person must fill to decide a gated call (a reviewed
+    #: skill's review schema); None: no review is asked, and none is accepted.
+    review_schema: dict[str, Any] | None = None

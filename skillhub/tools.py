@@ -17,6 +17,7 @@ waits for the result until its own deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -116,12 +117,22 @@ class SkillToolProvider:
 
 
 def _load_specs() -> tuple[dict[str, ToolSpec], dict[str, str]]:
+    """The skills' tool specs, each with the forms of its review (a gated call's input form;
+    a reviewed skill's review schema), and the review prompts of the reviewed skills."""
     specs, reviews = {}, {}
     for skill in Skill.objects.filter(enabled=True).select_related("loop_config"):
         spec = skill_tool_spec(skill)
-        specs[spec.name] = spec
         config = getattr(skill, "loop_config", None)
-        if config is not None and config.requires_review:
+        if config is not None and not config.requires_review:
+            config = None
+        form = skill.interaction_schema
+        spec = dataclasses.replace(
+            spec,
+            interaction_schema=form if isinstance(form, dict) and form else dict(spec.parameters),
+            review_schema=config.review_schema if config is not None else None,
+        )
+        specs[spec.name] = spec
+        if config is not None:
             reviews[spec.name] = config.review_prompt or "a person approves each call"
     return specs, reviews
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from frontend.schema_fields import review_rows as _review_rows
 from orchestrator.accounts.roles import Role, has_role, user_roles
 
 register = template.Library()
@@ -154,6 +155,13 @@ def count(value: int | None) -> str:
 @register.filter
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, cls=DjangoJSONEncoder)
+
+
+@register.filter
+def review_rows(value: Any, schema: Any = None) -> list[tuple[str, str]]:
+    """An approval's review as (label, text) rows in its schema's order
+    (``frontend.schema_fields.review_rows``)."""
+    return _review_rows(value, schema)
 
 
 @register.filter

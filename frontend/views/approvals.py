@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from frontend.access import can, ui_view
-from frontend.forms import DecideForm, add_service_errors
 from frontend.proposed_changes import ProposedChange, proposed_change
+from frontend.schema_forms import SchemaDecideForm
 from frontend.selectors import approvals
 from loops.models import ActionApproval, ApprovalStatus, LoopRun, RunStatus
 from loops.services.approvals import approval_decide
@@ -53,7 +53,7 @@ def run_approvals(user: Any, run: LoopRun) -> list[dict[str, Any]]:
         approval.run = run  # the caller's copy is the current one
         form = None
         if decidable(user, approval):  # ids per approval: a run may wait on several
-            form = DecideForm(proposed=approval.arguments, auto_id=f"approval-{approval.id}-%s")
+            form = SchemaDecideForm(approval=approval, auto_id=f"approval-{approval.id}-%s")
         change = None
         if approval.status == ApprovalStatus.PENDING:
             change = change_of(approval)
@@ -98,10 +98,10 @@ def approval_list(request: HttpRequest) -> HttpResponse:
 
 
 def _detail(
-    request: HttpRequest, approval: ActionApproval, form: DecideForm | None, status: int = 200
+    request: HttpRequest, approval: ActionApproval, form: SchemaDecideForm | None, status: int = 200
 ) -> HttpResponse:
     if form is None and decidable(request.user, approval):
-        form = DecideForm(proposed=approval.arguments)
+        form = SchemaDecideForm(approval=approval)
     context = {
         "approval": approval,
         "run": approval.run,
@@ -128,9 +128,10 @@ def _next_url(request: HttpRequest, approval: ActionApproval) -> str:
 
 @ui_view(methods=("POST",), write=Role.APPROVER)
 def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse:
-    """Approve (as proposed or with edited arguments) or reject with a reason."""
+    """Approve (as proposed or with edited arguments) or reject with a reason, with the review
+    the call's review schema asks for."""
     approval = approvals.approval_of(approval_id)
-    form = DecideForm(request.POST, proposed=approval.arguments)
+    form = SchemaDecideForm(request.POST, approval=approval)
     if not form.is_valid():
         return _detail(request, approval, form, status=400)
     if (
@@ -148,11 +149,12 @@ def approval_decide_view(request: HttpRequest, approval_id: str) -> HttpResponse
             input=form.cleaned_data["edited"],
             reason=form.cleaned_data["reason"],
             answer=form.cleaned_data["answer"] or None,
+            review=form.cleaned_data["review"],
         )
     except InvalidInput as exc:
-        add_service_errors(form, exc.extra.get("errors") or [], fallback="input")
+        form.add_service_errors(exc.extra.get("errors") or [])
         if not form.errors:
-            form.add_error("input", exc.detail)
+            form.add_error("input" if "input" in form.fields else None, exc.detail)
         return _detail(request, approvals.approval_of(approval_id), form, status=400)
     except DomainError as exc:  # decided meanwhile, the run moved on, the policy denies it
         messages.error(request, exc.detail)

@@ -25,7 +25,6 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 
 from harness.planner import plan_tools
 from loops.models import (
@@ -36,6 +35,12 @@ from loops.models import (
     LoopStep,
     RunStatus,
     StepStatus,
+)
+from loops.services.approval_reviews import (
+    approval_forms,
+    review_checked,
+    review_text,
+    schema_errors,
 )
 from loops.services.notifications import notify_approvals
 from loops.services.transitions import Lease, fenced_touch, run_event_append, run_transition
@@ -89,6 +94,7 @@ def approvals_open(
         ).exists():
             continue  # a resumed step that is still waiting: its approval is already open
         arguments = call.get("arguments") or {}
+        interaction_schema, review_schema = approval_forms(call["tool"], call.get("kind"))
         opened.append(
             ActionApproval.objects.create(
                 run=run,
@@ -99,6 +105,8 @@ def approvals_open(
                 tool_name=call["tool"],
                 kind=ApprovalKind.INPUT if call.get("kind") == "input" else ApprovalKind.CALL,
                 arguments=arguments,
+                interaction_schema=interaction_schema,
+                review_schema=review_schema,
                 reason=call.get("reason", ""),
                 proposal_hash=canonical_hash(
                     call["tool"], arguments, str(run.id), seq, _policy_version(snapshot)
@@ -131,14 +139,7 @@ def _checked_input(approval: ActionApproval, run: LoopRun, edited: Any) -> dict[
             "input must be a JSON object of tool arguments.",
             errors=[{"pointer": "/input", "detail": "must be an object", "code": "type"}],
         )
-    errors = [
-        {
-            "pointer": "/input/" + "/".join(str(p) for p in e.absolute_path),
-            "detail": e.message,
-            "code": str(e.validator),
-        }
-        for e in Draft202012Validator(spec.parameters).iter_errors(arguments)
-    ]
+    errors = schema_errors(spec.parameters, arguments, "/input")
     if errors:
         raise InvalidInput(
             f"The edited input does not fit {approval.tool_name}: {errors[0]['detail']}",
@@ -235,8 +236,10 @@ def approval_decide(
     input: Any = None,
     reason: str = "",
     answer: Any = None,
+    review: Any = None,
 ) -> ActionApproval:
-    """Approve (optionally with edited input), answer (a call's question) or reject, once."""
+    """Approve (optionally with edited input), answer (a call's question) or reject, once; with
+    the review its schema asks for (``approval_reviews``), which the model is then told."""
     approval, run = _lock(approval_id)
     if not _may_decide(user, run):
         raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
@@ -249,6 +252,7 @@ def approval_decide(
             f"The run is '{run.status}', not waiting for approval.", current_status=run.status
         )
     actor = user.username
+    approval.review = review_checked(approval, review)
     final: dict[str, Any] | None = None
     if approval.kind == ApprovalKind.INPUT and decision == "approve":
         raise InvalidInput(
@@ -287,6 +291,8 @@ def approval_decide(
             + (f": {reason}" if reason else "")
             + ". The call stopped there, unanswered."
         )
+    if approval.review is not None:
+        rejected = f"{rejected}\n{review_text(approval)}"
     _rewrite_step(approval, arguments=final, content=rejected)
     run_event_append(
         run_id=run.id,
@@ -296,6 +302,7 @@ def approval_decide(
             "approval": str(approval.id),
             "tool": approval.tool_name,
             "edited": input is not None,
+            "reviewed": approval.review is not None,
             "reason": reason,
             "kind": approval.kind,
         },
@@ -337,6 +344,18 @@ def approval_authorize_execution(
         approval.executed_hash = approval.approved_hash
         approval.save(update_fields=["executed_hash"])
     return ""
+
+
+def approval_authorize_reviewed(
+    lease: Lease, *, seq: int, name: str, arguments: dict[str, Any]
+) -> tuple[str, str]:
+    """:func:`approval_authorize_execution`, then the review of the approval the call runs under:
+    ``(refusal, review)``; the review goes to the model with the call's result."""
+    refusal = approval_authorize_execution(lease, seq=seq, name=name, arguments=arguments)
+    if refusal:
+        return refusal, ""
+    approval = _latest(lease.run_id, seq).first()
+    return "", review_text(approval) if approval is not None else ""
 
 
 def _execution_refusal(

@@ -20,7 +20,7 @@ from django.utils import timezone
 from loops.models import StepStatus
 from loops.services import budget_rules, budgets, step_exact, step_fast, step_records, tool_repeats
 from loops.services import steps as step_services
-from loops.services.approvals import approval_authorize_execution
+from loops.services.approvals import approval_authorize_reviewed
 from loops.services.harness_limits import HarnessLimits
 from loops.services.transitions import Lease
 from orchestrator.metrics import STEP_SECONDS
@@ -372,9 +372,12 @@ class DbJournal:
 
     async def authorize(self, seq: int, name: str, arguments: dict[str, Any]) -> str:
         await self.flush()
-        return await self.driver.db(
-            approval_authorize_execution, self.lease, seq=seq, name=name, arguments=arguments
+        refusal, review = await self.driver.db(
+            approval_authorize_reviewed, self.lease, seq=seq, name=name, arguments=arguments
         )
+        if review:  # the reviewer's review goes to the model with the call's result
+            self.notices[seq] = "\n\n".join(n for n in (self.notices.get(seq), review) if n)
+        return str(refusal)
 
     async def complete(
         self,

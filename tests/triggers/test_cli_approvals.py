@@ -13,6 +13,7 @@ from orchestrator import cli
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from tests.support.approvals import approval_pattern, park_directly, write_call
+from tests.support.reviews import TOOL, reviewed_skill
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("seeded_profiles")]
 
@@ -56,3 +57,18 @@ def test_an_unknown_approval_is_named(
     assert cli.main(["approve", "0190c0de-0000-7000-8000-000000000000"]) == 1
     err = capsys.readouterr().err
     assert "argument ID: no approval and no run 0190c0de-0000-7000-8000-000000000000" in err
+
+
+def test_a_reviewed_call_is_decided_with_a_review_and_a_bad_one_is_named(
+    approver_cli: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reviewed_skill()
+    run = park_directly(approval_pattern("cli-review"), [(TOOL, {"a": 1, "b": 2})])
+    [approval] = ActionApproval.objects.filter(run=run)
+    assert cli.main(["approve", str(approval.id), "--review", '{"verdict": "maybe"}']) == 1
+    assert "/review/verdict" in capsys.readouterr().err
+    assert cli.main(["approve", str(approval.id), "--review", "{nope"]) == 1
+    assert "--review is not JSON" in capsys.readouterr().err
+    assert cli.main(["approve", str(approval.id), "--review", '{"verdict": "ok"}']) == 0
+    approval.refresh_from_db()
+    assert (approval.status, approval.review) == ("approved", {"verdict": "ok"})
