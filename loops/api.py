@@ -89,7 +89,7 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
             "spent daily budget or an open breaker."
         ),
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsOperator])
+    @action(detail=True, methods=["post"], permission_classes=[IsOperator], filter_backends=[])
     def trigger(self, request: Request, key: str | None = None) -> Response:
         """Start a run of this pattern now, with optional ``inputs`` for the goal template."""
         pattern = self.get_object()
@@ -168,6 +168,18 @@ def _action_view(name: str) -> Any:
     )(decorated)
 
 
+#: Run and pattern columns a runs list row never reads (``RunSerializer``).
+LIST_DEFERRED = (
+    "harness_snapshots",
+    "policy_snapshot",
+    "repository_snapshot",
+    "pattern__description",
+    "pattern__goal_template",
+    "pattern__policy",
+    "pattern__acting_on",
+)
+
+
 class RunViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[LoopRun]
 ):
@@ -179,6 +191,14 @@ class RunViewSet(
 
     def get_serializer_class(self) -> type[RunSerializer]:
         return RunDetailSerializer if self.action == "retrieve" else RunSerializer
+
+    def get_queryset(self) -> QuerySet[LoopRun]:
+        queryset = super().get_queryset()
+        if self.action == "list":
+            # What a list row does not show: the pinned snapshots (kilobytes of JSON a run) and
+            # the pattern's own texts (only its key is shown).
+            queryset = queryset.defer(*LIST_DEFERRED)
+        return queryset
 
     def get_object(self) -> LoopRun:
         try:

@@ -3,9 +3,10 @@ code execution, and an undefined name is an error rather than an empty string.""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, nodes
+from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orchestrator.errors import InvalidInput
@@ -39,10 +40,17 @@ def check_template(template: str) -> None:
         ) from exc
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(template: str) -> Template:
+    """A template's compiled form, by its text (immutable and safe to render from any thread:
+    a trigger does not parse and compile its pattern's template again)."""
+    return _env.from_string(template)
+
+
 def render_goal(template: str, context: dict[str, Any]) -> str:
     """Render a goal; missing variables and sandbox violations become a 400 naming the cause."""
     try:
-        text = _env.from_string(template).render(**context)
+        text = _compiled(template).render(**context)
     except TemplateError as exc:
         raise InvalidInput(
             f"The goal template could not be rendered: {exc}",
