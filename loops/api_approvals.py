@@ -65,7 +65,7 @@ class ApprovalViewSet(
     @action(detail=True, methods=["post"])
     def decide(self, request: Request, pk: str | None = None) -> Response:
         approval = self.get_object()
-        approval_check_decider(approval_id=approval.id, user=request.user)
+        approval_check_decider(approval=approval, user=request.user)
         body = DecideSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         decided = approval_decide(
@@ -76,5 +76,6 @@ class ApprovalViewSet(
             reason=body.validated_data["reason"],
             answer=body.validated_data["answer"],
             review=body.validated_data["review"],
+            run_id=approval.run_id,
         )
         return Response(ApprovalSerializer(decided).data)

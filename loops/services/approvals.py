@@ -211,18 +211,25 @@ def _resume_if_settled(run: LoopRun, actor: str) -> None:
     )
 
 
-def _lock(approval_id: uuid.UUID) -> tuple[ActionApproval, LoopRun]:
-    """Lock the run, then the approval: the order ``run_transition`` (which withdraws a dead
-    run's approvals under the run's lock) uses too, so the two never deadlock."""
-    run_id = ActionApproval.objects.values_list("run_id", flat=True).get(pk=approval_id)
-    run = LoopRun.objects.select_for_update().get(pk=run_id)
-    return ActionApproval.objects.select_for_update().get(pk=approval_id), run
+def _lock(
+    approval_id: uuid.UUID, run_id: uuid.UUID | None = None
+) -> tuple[ActionApproval, LoopRun]:
+    """Lock the run (its pattern read along, unlocked), then the approval: the order
+    ``run_transition`` (which withdraws a dead run's approvals under the run's lock) uses too,
+    so the two never deadlock. ``run_id``: the approval's run when the caller has read it (an
+    approval never changes runs). The approval comes back with the run attached."""
+    if run_id is None:
+        run_id = ActionApproval.objects.values_list("run_id", flat=True).get(pk=approval_id)
+    run = LoopRun.objects.select_for_update(of=("self",)).select_related("pattern").get(pk=run_id)
+    approval = ActionApproval.objects.select_for_update().get(pk=approval_id, run_id=run_id)
+    approval.run = run
+    return approval, run
 
 
-def approval_check_decider(*, approval_id: uuid.UUID, user: Any) -> None:
+def approval_check_decider(*, approval: ActionApproval, user: Any) -> None:
     """Raise NotAnApprover unless ``user`` may decide this approval (no lock, no write): the
-    view asks before it reads the body, so who may act is answered before what was sent."""
-    approval = ActionApproval.objects.select_related("run").get(pk=approval_id)
+    view asks before it reads the body, so who may act is answered before what was sent.
+    ``approval_decide`` asks again under the run's lock."""
     if not _may_decide(user, approval.run):
         raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
 
@@ -237,10 +244,11 @@ def approval_decide(
     reason: str = "",
     answer: Any = None,
     review: Any = None,
+    run_id: uuid.UUID | None = None,
 ) -> ActionApproval:
     """Approve (optionally with edited input), answer (a call's question) or reject, once; with
     the review its schema asks for (``approval_reviews``), which the model is then told."""
-    approval, run = _lock(approval_id)
+    approval, run = _lock(approval_id, run_id)
     if not _may_decide(user, run):
         raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
     if approval.status != ApprovalStatus.PENDING:
