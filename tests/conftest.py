@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import pytest
 from django.apps import apps as django_apps
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from rest_framework.test import APIClient
 
@@ -16,7 +19,7 @@ from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
 from tests.support.approvals import http_reply
 from tests.support.model_server import ModelServer
-from tests.support.pgbouncer import release_database
+from tests.support.pgbouncer import end_other_sessions, release_database
 from tests.support.phases import deselect_server_agnostic
 from tests.support.write_paths import EXACT, FAST
 
@@ -36,7 +39,21 @@ def django_db_setup(django_db_setup: None) -> Iterator[None]:
     PgBouncer's connections to it when the suite runs through one (scripts/pgbouncer-suite.sh)."""
     yield
     wakeups.hub_stop()
-    release_database(connections[DEFAULT_DB_ALIAS].settings_dict["NAME"])
+    name = connections[DEFAULT_DB_ALIAS].settings_dict["NAME"]
+    release_database(name)
+    if connections[DEFAULT_DB_ALIAS].vendor == "postgresql" and not settings.DB_POOLER:
+        # A session some test left open (a subprocess's or a thread's) would make the drop
+        # fail: it is waited for, then ended, and named in the log so the leak can be found.
+        for session in end_other_sessions(_maintenance_url(), name):
+            print(f"\nsession left on {name} at the end, ended: {session}", file=sys.stderr)
+
+
+def _maintenance_url() -> str:
+    """The test server's ``postgres`` database, as the suite's own connection reaches it."""
+    s = connections[DEFAULT_DB_ALIAS].settings_dict
+    user, password = s.get("USER") or "postgres", s.get("PASSWORD") or ""
+    auth = f"{quote(user)}:{quote(password)}" if password else quote(user)
+    return f"postgres://{auth}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/postgres"
 
 
 @pytest.fixture

@@ -161,3 +161,26 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def end_other_sessions(url: str, dbname: str, wait_seconds: float = 10.0) -> list[str]:
+    """Before the test database is dropped: wait for the other sessions on ``dbname`` to end
+    (a process a test stopped may take a moment to be seen gone), then end those still there.
+    Returns what each ended one was (application, client, start, state, query), for the log."""
+    import time
+
+    import psycopg
+
+    others = (
+        "SELECT pid, application_name, client_addr, client_port, backend_start, state, "
+        "left(query, 160) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + wait_seconds
+        rows = conn.execute(others, [dbname]).fetchall()
+        while rows and time.monotonic() < deadline:
+            time.sleep(0.2)
+            rows = conn.execute(others, [dbname]).fetchall()
+        for row in rows:
+            conn.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+    return [" | ".join(str(v) for v in row) for row in rows]
