@@ -36,6 +36,8 @@ BENCHMARKS = [
     "approvals",
     # What a person or a script feels at the API (issue 28): four calls through uvicorn, idle.
     "api_latency",
+    # A year of history (issue 28): the pages with 200,000 copied runs over a small database.
+    "volume",
     # The OpenAI-compatible endpoint (issue 20): streamed first byte over the model's, 100 streams.
     "gateway_stream",
     # Live run streams (issue 22): 500 idle streams' database cost, an event's fan-out latency.

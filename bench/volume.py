@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "child":
         common.child_main(measure, args)
     elif args.command == "seed":
+        import os
+
         import django
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
 
         django.setup()
         from loops.models import LoopRun

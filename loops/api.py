@@ -130,7 +130,9 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
 
 class RunFilter(django_filters.FilterSet):
     pattern = django_filters.CharFilter(field_name="pattern__key")
-    status = django_filters.MultipleChoiceFilter(choices=RunStatus.choices)
+    # distinct=False: a filter on the row's own column needs no DISTINCT (which made the list's
+    # count compare every column of every matching row).
+    status = django_filters.MultipleChoiceFilter(choices=RunStatus.choices, distinct=False)
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 

@@ -19,7 +19,7 @@ from orchestrator.accounts.permissions import IsViewer
 
 
 class ApprovalFilter(django_filters.FilterSet):
-    status = django_filters.MultipleChoiceFilter(choices=ApprovalStatus.choices)
+    status = django_filters.MultipleChoiceFilter(choices=ApprovalStatus.choices, distinct=False)
     pattern = django_filters.CharFilter(field_name="run__pattern__key")
     run = django_filters.UUIDFilter(field_name="run_id")
 

@@ -207,6 +207,14 @@ class LoopEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="loops_event_run_seq_unique")
         ]
+        # The metrics page's retries by day (only those events are in it).
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="loops_event_retry_later",
+                condition=Q(type="run.retry_later"),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
@@ -251,7 +259,14 @@ class LoopStep(models.Model):
                 fields=["run", "call_hash"],
                 name="loops_step_call_hash",
                 condition=Q(call_hash__isnull=False),
-            )
+            ),
+            # The metrics page's days of tokens and cost, and its model failures.
+            models.Index(fields=["started_at"], name="loops_step_started"),
+            models.Index(
+                fields=["started_at"],
+                name="loops_step_model_failed",
+                condition=Q(kind="model") & ~Q(error=""),
+            ),
         ]
 
     def __str__(self) -> str:

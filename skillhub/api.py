@@ -274,7 +274,7 @@ class SkillViewSet(viewsets.ModelViewSet[Skill]):
 
 class ExecutionFilter(django_filters.FilterSet):
     skill = django_filters.CharFilter(field_name="tool_name")
-    status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices)
+    status = django_filters.MultipleChoiceFilter(choices=ExecutionStatus.choices, distinct=False)
 
     class Meta:
         model = SkillExecution
