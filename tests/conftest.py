@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Iterator
-from urllib.parse import quote
 
 import pytest
 from django.apps import apps as django_apps
@@ -17,6 +16,7 @@ from loops import db
 from orchestrator import wakeups
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
+from tests.support import workers
 from tests.support.approvals import http_reply
 from tests.support.model_server import ModelServer
 from tests.support.pgbouncer import end_other_sessions, release_database
@@ -50,10 +50,7 @@ def django_db_setup(django_db_setup: None) -> Iterator[None]:
 
 def _maintenance_url() -> str:
     """The test server's ``postgres`` database, as the suite's own connection reaches it."""
-    s = connections[DEFAULT_DB_ALIAS].settings_dict
-    user, password = s.get("USER") or "postgres", s.get("PASSWORD") or ""
-    auth = f"{quote(user)}:{quote(password)}" if password else quote(user)
-    return f"postgres://{auth}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/postgres"
+    return workers.test_database_url().rsplit("/", 1)[0] + "/postgres"
 
 
 @pytest.fixture

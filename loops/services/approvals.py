@@ -331,6 +331,23 @@ def approval_authorize_execution(
     Fenced by the lease: a worker that lost the run is refused (LeaseLost) before anything runs.
     Idempotent for a re-issue of the same call after a crash (same hash, same key).
     """
+    return _authorized(lease, seq=seq, name=name, arguments=arguments)[0]
+
+
+@transaction.atomic
+def approval_authorize_reviewed(
+    lease: Lease, *, seq: int, name: str, arguments: dict[str, Any]
+) -> tuple[str, str]:
+    """:func:`approval_authorize_execution`, with the review of the approval the call runs under:
+    ``(refusal, review)``; the review goes to the model with the call's result."""
+    refusal, approval = _authorized(lease, seq=seq, name=name, arguments=arguments)
+    return refusal, "" if refusal or approval is None else review_text(approval)
+
+
+def _authorized(
+    lease: Lease, *, seq: int, name: str, arguments: dict[str, Any]
+) -> tuple[str, ActionApproval | None]:
+    """The check of :func:`approval_authorize_execution` and the approval it judged."""
     fenced_touch(lease)
     approval = _latest(lease.run_id, seq).select_for_update().first()
     refusal = _execution_refusal(lease.run_id, seq, approval, name, arguments)
@@ -347,23 +364,11 @@ def approval_authorize_execution(
                 "reason": refusal,
             },
         )
-        return f"The approved call was not run: {refusal}"
+        return f"The approved call was not run: {refusal}", approval
     if not approval.executed_hash:
         approval.executed_hash = approval.approved_hash
         approval.save(update_fields=["executed_hash"])
-    return ""
-
-
-def approval_authorize_reviewed(
-    lease: Lease, *, seq: int, name: str, arguments: dict[str, Any]
-) -> tuple[str, str]:
-    """:func:`approval_authorize_execution`, then the review of the approval the call runs under:
-    ``(refusal, review)``; the review goes to the model with the call's result."""
-    refusal = approval_authorize_execution(lease, seq=seq, name=name, arguments=arguments)
-    if refusal:
-        return refusal, ""
-    approval = _latest(lease.run_id, seq).first()
-    return "", review_text(approval) if approval is not None else ""
+    return "", approval
 
 
 def _execution_refusal(

@@ -42,16 +42,19 @@ def retention_days() -> float:
     return float(settings.LOOPWRIGHT.get("EVENT_RETENTION_DAYS") or 0.0)
 
 
-def events_prune_batch(*, before: datetime, batch_runs: int = BATCH_RUNS) -> tuple[int, int]:
+def events_prune_batch(
+    *, before: datetime, now: datetime | None = None, batch_runs: int = BATCH_RUNS
+) -> tuple[int, int]:
     """Prune the events of at most ``batch_runs`` runs that ended before ``before``, in one
     transaction; returns (runs, events deleted)."""
     terminal = [s.value for s in state.TERMINAL]
+    now = now or timezone.now()
     with transaction.atomic():
         due = (
             LoopRun.objects.filter(
                 finished_at__lt=before, events_pruned_at__isnull=True, status__in=terminal
             )
-            .filter(Q(span_record__isnull=False) | Q(created_at__lt=timezone.now() - SWEEP_WINDOW))
+            .filter(Q(span_record__isnull=False) | Q(created_at__lt=now - SWEEP_WINDOW))
             .order_by("finished_at")
             .values_list("id", flat=True)
         )
@@ -61,7 +64,7 @@ def events_prune_batch(*, before: datetime, batch_runs: int = BATCH_RUNS) -> tup
         if not run_ids:
             return 0, 0
         deleted, _ = LoopEvent.objects.filter(run_id__in=run_ids, seq__gt=1).delete()
-        LoopRun.objects.filter(id__in=run_ids).update(events_pruned_at=timezone.now())
+        LoopRun.objects.filter(id__in=run_ids).update(events_pruned_at=now)
     return len(run_ids), deleted
 
 
@@ -77,11 +80,12 @@ def events_prune(
     days = retention_days() if days is None else days
     if days <= 0:
         return PruneReport()
-    before = (now or timezone.now()) - timedelta(days=days)
+    now = now or timezone.now()
+    before = now - timedelta(days=days)
     deadline = time.monotonic() + budget_seconds
     runs = events = 0
     while True:
-        pruned, deleted = events_prune_batch(before=before)
+        pruned, deleted = events_prune_batch(before=before, now=now)
         runs, events = runs + pruned, events + deleted
         if pruned < BATCH_RUNS:
             return PruneReport(runs, events, more=False)
