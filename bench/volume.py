@@ -18,6 +18,7 @@ copies into the database ``DATABASE_URL`` names (for trying pages by hand).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -26,12 +27,17 @@ from typing import Any
 from bench import common
 
 RUNS, SMOKE_RUNS = 200_000, 2_000
+#: The issue's year holds 10 M events; a run of these templates writes 8, so each copy carries
+#: its trail as many times as that takes (padding: the table's size, not a run's page, is
+#: what the figure tests; a run's own pages are timed on a template, never padded).
+EVENTS = 10_000_000
 TEMPLATES, PARKED = 10, 20
 SAMPLES, WARMUP = 30, 5
 RATIO_LIMIT = 2.0
 TOOLS = [*common.NOOP_TOOLS, "read", "write"]
 
-#: One statement per table; ``%(runs)s`` copies, round-robin over the template runs.
+#: One statement per table; ``%(runs)s`` copies, round-robin over the template runs; each copy
+#: carries its template's event trail ``%(trails)s`` times (one ``run.created``, seqs after).
 _COPY_RUNS = """
 CREATE TEMP TABLE volume_map AS
 SELECT gen_random_uuid() AS id, t.id AS template, n,
@@ -49,7 +55,7 @@ SELECT m.id, r.pattern_id, r.pattern_version, r.status, r.trigger_type, r.trigge
   r.trigger_ref, r.inputs, r.goal, r.autonomy_level, r.role_bindings, r.harness_snapshots,
   r.policy_snapshot, r.repository_snapshot, r.cursor, r.result, r.terminal_reason,
   r.failure_reason, r.attempts, r.max_attempts, NULL, r.lease_token, NULL, NULL, NULL,
-  r.event_seq, r.step_count, r.wait, md5(m.id::text), r.instruction_versions, NULL,
+  r.event_seq * %(trails)s, r.step_count, r.wait, md5(m.id::text), r.instruction_versions, NULL,
   r.model_call_token, m.born,
   m.born + (r.started_at - r.created_at), m.born + (r.finished_at - r.created_at),
   m.born + (r.updated_at - r.created_at), NULL
@@ -65,21 +71,28 @@ SELECT m.id, s.seq, s.role, s.invocation, s.kind, s.status, s.name,
 FROM volume_map m JOIN loops_looprun r ON r.id = m.template JOIN loops_loopstep s
   ON s.run_id = m.template;
 INSERT INTO loops_loopevent (run_id, seq, type, from_status, to_status, actor, data, created_at)
-SELECT m.id, e.seq, e.type, e.from_status, e.to_status, e.actor, e.data,
+SELECT m.id, e.seq + k * r.event_seq, e.type, e.from_status, e.to_status, e.actor, e.data,
   m.born + (e.created_at - r.created_at)
 FROM volume_map m JOIN loops_looprun r ON r.id = m.template JOIN loops_loopevent e
-  ON e.run_id = m.template;
+  ON e.run_id = m.template CROSS JOIN generate_series(0, %(trails)s - 1) AS k
+WHERE k = 0 OR e.type <> 'run.created';
 DROP TABLE volume_map;
 """
 
 
-def seed(runs: int, template_ids: list[Any]) -> dict[str, int]:
+def seed(runs: int, template_ids: list[Any], events: int = 0) -> dict[str, int]:
     """Copy the template runs (with their steps and events) into ``runs`` finished runs spread
-    over the past year; returns the row counts after. Django set up, PostgreSQL."""
+    over the past year, with at least ``events`` events in all (each copy's trail repeated);
+    returns the row counts after and ``trails``. Django set up, PostgreSQL."""
     from django.db import connection
 
+    from loops.models import LoopEvent
+
+    per_run = LoopEvent.objects.filter(run_id__in=template_ids).count() / len(template_ids)
+    trails = max(1, math.ceil(events / (runs * per_run))) if events and per_run else 1
     with connection.cursor() as cursor:
         params = {"runs": runs, "templates": list(template_ids), "count": len(template_ids)}
+        params["trails"] = trails
         cursor.execute(_COPY_RUNS, params)
         # As autovacuum leaves a table a year old: statistics and the visibility map (an
         # index-only scan, a count's, reads no heap page the map marks all-visible).
@@ -88,7 +101,7 @@ def seed(runs: int, template_ids: list[Any]) -> dict[str, int]:
         for table in ("loops_looprun", "loops_loopstep", "loops_loopevent"):
             cursor.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 (constant names)
             counts[table] = int(cursor.fetchone()[0])
-    return counts
+    return {**counts, "trails": trails}
 
 
 def _session_cookie() -> str:
@@ -152,7 +165,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         pages = _pages(service, templates[0])
         small = _timed(pages, args.samples)
         started = time.monotonic()
-        counts = seed(args.runs, templates)
+        counts = seed(args.runs, templates, args.events)
         seed_s = time.monotonic() - started
         large = _timed(pages, args.samples)
     finally:
@@ -174,6 +187,7 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
     logs = common.log_dir("volume")
     with common.ScratchDatabase("volume") as db:
         argv = ["--runs", str(runs), "--samples", str(samples)]
+        argv += ["--events", "0" if smoke else str(EVENTS)]
         argv += ["--templates", str(TEMPLATES), "--parked", str(PARKED)]
         result = common.run_child("bench.volume", db.env(), argv, 3600, logs)
     counts = result["counts"]
@@ -202,11 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     child = sub.add_parser("child", help="(internal) measure in this process")
     child.add_argument("--out", required=True)
     child.add_argument("--runs", type=int, default=RUNS)
+    child.add_argument("--events", type=int, default=EVENTS)
     child.add_argument("--samples", type=int, default=SAMPLES)
     child.add_argument("--templates", type=int, default=TEMPLATES)
     child.add_argument("--parked", type=int, default=PARKED)
     seeder = sub.add_parser("seed", help="copy the finished runs of DATABASE_URL's database")
     seeder.add_argument("--runs", type=int, default=RUNS)
+    seeder.add_argument("--events", type=int, default=0, help="at least this many events")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "child":
@@ -224,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         ids = list(LoopRun.objects.filter(status="succeeded").values_list("id", flat=True)[:50])
         if not ids:
             raise SystemExit("no succeeded run to copy: run some first")
-        print(seed(args.runs, ids))
+        print(seed(args.runs, ids, args.events))
     else:
         for line in run(smoke=args.smoke):
             print(line)
