@@ -10,15 +10,17 @@ calls another tool breaks the run. What the guard catches is a model that keeps 
 the same tool step after step.
 
 The tracker is a value folded over every tool call the model made, in order. The loop rebuilds
-it from the persisted model steps on resume, so the counters survive a crash or a park.
+it from the persisted model steps on resume, so the counters survive a crash or a park. Its
+counts are a persistent map (a HAMT): counting a call costs O(log n), not a copy of every
+signature seen so far (that copy made a resume's replay quadratic in the history).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+
+import immutables
 
 
 class Repetition(enum.StrEnum):
@@ -38,7 +40,7 @@ class RepetitionLimits:
 @dataclass(frozen=True)
 class RepetitionState:
     #: Occurrences of each (tool, canonical arguments) signature so far.
-    seen: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    seen: immutables.Map[str, int] = field(default_factory=immutables.Map)
     last_tool: str = ""
     #: The model step in which ``last_tool`` was last counted.
     last_step: int = -1
@@ -76,7 +78,7 @@ def observe(
     key = signature(tool, canonical_arguments)
     occurrences = state.seen.get(key, 0) + 1
     streak = _streak(state, tool, step)
-    seen = MappingProxyType({**state.seen, key: occurrences})
+    seen = state.seen.set(key, occurrences)
     new_state = replace(state, seen=seen, last_tool=tool, last_step=step, streak=streak)
     if streak >= limits.consecutive_finalize_at:
         verdict = Repetition.FINALIZE

@@ -12,6 +12,7 @@ from runtime.repetition import (
     RepetitionLimits,
     RepetitionState,
     observe,
+    signature,
 )
 from runtime.truncation import safe_cut_index, truncate_output
 from tests.support.fake_model import (
@@ -211,6 +212,29 @@ def test_parallel_calls_of_one_tool_in_one_step_count_once() -> None:
     sequence = [("read", f"{n}") for n in range(12)]
     steps = [1] * 8 + [2] * 4  # eight files read at once, then four
     assert set(verdicts(sequence, steps)) == {Repetition.OK}
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["read", "list"]), st.sampled_from(["{a}", "{b}", "{}"])),
+        max_size=40,
+    )
+)
+def test_counts_are_a_value_every_earlier_state_keeps(sequence: list[tuple[str, str]]) -> None:
+    """The persistent counts equal a recount of the calls up to each state, and counting more
+    (or branching from an earlier state) never changes what an earlier state says."""
+    states = [RepetitionState()]
+    for position, (tool, arguments) in enumerate(sequence):
+        states.append(observe(states[-1], tool, arguments, LIMITS, step=position).state)
+    branch = observe(states[len(states) // 2], "other", "{}", LIMITS, step=0).state
+    for upto, state in enumerate(states):
+        recount: dict[str, int] = {}
+        for tool, arguments in sequence[:upto]:
+            key = signature(tool, arguments)
+            recount[key] = recount.get(key, 0) + 1
+        assert dict(state.seen) == recount
+    assert branch.seen[signature("other", "{}")] == 1
+    assert signature("other", "{}") not in states[-1].seen
 
 
 def test_another_tool_in_between_resets_the_consecutive_count() -> None:
