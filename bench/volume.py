@@ -5,9 +5,10 @@ model server) on a scratch PostgreSQL database. First the **templates**: ``TEMPL
 of 8 maker tool steps driven to ``succeeded`` through the engine, and ``PARKED`` runs parked on
 an approval of their gated ``write`` (the approvals queue). Each page is timed (p50 of
 ``SAMPLES`` after a warm-up) on that small database. Then :func:`seed` copies the templates,
-row for row, into ``RUNS`` finished runs spread over the past year (their events and steps with
-them: a faithful bulk copy of what the engine wrote, new ids, shifted times), ``VACUUM
-ANALYZE``, and every page is timed again. Target: each within 2x of its small-database figure.
+row for row, into ``RUNS`` finished runs spread over the past year (their events, steps and
+usage buckets with them: a faithful bulk copy of what the engine wrote, new ids, shifted times),
+``VACUUM ANALYZE``, and every page is timed again. Target: each within 2x of its small-database
+figure.
 
 The pages: the runs list (API, a pattern and a status, 20 a page), a run's detail and its
 events page (API), the monitor and the metrics page (UI, a logged-in session), the approvals
@@ -36,8 +37,14 @@ SAMPLES, WARMUP = 30, 5
 RATIO_LIMIT = 2.0
 TOOLS = [*common.NOOP_TOOLS, "read", "write"]
 
-#: One statement per table; ``%(runs)s`` copies, round-robin over the template runs; each copy
-#: carries its template's event trail ``%(trails)s`` times (one ``run.created``, seqs after).
+#: One statement per table (three for the usage buckets); ``%(runs)s`` copies, round-robin over
+#: the template runs. The usage buckets as the write paths leave them (docs/runs.md, Budgets):
+#: each copy's ``run:<id>`` rows are its template's, and their amounts are added to the copy's
+#: pattern day (``pattern:<pattern id>:<UTC day the copy started>``; a template run lasts
+#: seconds, so all of its charges fall on one day), whose ``<metric>:max_call`` rows keep the
+#: largest model call.
+#: Each copy carries its template's event trail ``%(trails)s`` times (one ``run.created``, seqs
+#: after).
 _COPY_RUNS = """
 CREATE TEMP TABLE volume_map AS
 SELECT gen_random_uuid() AS id, t.id AS template, n,
@@ -76,14 +83,40 @@ SELECT m.id, e.seq + k * r.event_seq, e.type, e.from_status, e.to_status, e.acto
 FROM volume_map m JOIN loops_looprun r ON r.id = m.template JOIN loops_loopevent e
   ON e.run_id = m.template CROSS JOIN generate_series(0, %(trails)s - 1) AS k
 WHERE k = 0 OR e.type <> 'run.created';
+INSERT INTO loops_usagebucket (scope, metric, value, updated_at)
+SELECT 'run:' || m.id::text, b.metric, b.value, now()
+FROM volume_map m JOIN loops_usagebucket b ON b.scope = 'run:' || m.template::text;
+INSERT INTO loops_usagebucket (scope, metric, value, updated_at)
+SELECT 'pattern:' || r.pattern_id || ':'
+    || ((m.born + (COALESCE(r.started_at, r.created_at) - r.created_at)) AT TIME ZONE 'UTC')::date,
+  b.metric, SUM(b.value), now()
+FROM volume_map m JOIN loops_looprun r ON r.id = m.template
+  JOIN loops_usagebucket b ON b.scope = 'run:' || m.template::text
+GROUP BY 1, 2
+ON CONFLICT (scope, metric) DO UPDATE SET value = loops_usagebucket.value + excluded.value,
+  updated_at = excluded.updated_at;
+INSERT INTO loops_usagebucket (scope, metric, value, updated_at)
+SELECT 'pattern:' || r.pattern_id || ':'
+    || ((m.born + (COALESCE(r.started_at, r.created_at) - r.created_at)) AT TIME ZONE 'UTC')::date,
+  c.metric || ':max_call', MAX(c.value), now()
+FROM volume_map m JOIN loops_looprun r ON r.id = m.template
+  JOIN (SELECT s.run_id, x.metric, MAX(x.value) AS value FROM loops_loopstep s
+        CROSS JOIN LATERAL (VALUES ('tokens', (s.tokens_in + s.tokens_out)::numeric),
+                                   ('cost', s.cost)) AS x (metric, value)
+        WHERE s.run_id = ANY(%(templates)s) AND s.kind = 'model' AND x.value > 0
+        GROUP BY s.run_id, x.metric) c ON c.run_id = m.template
+GROUP BY 1, 2
+ON CONFLICT (scope, metric) DO UPDATE SET value = GREATEST(loops_usagebucket.value,
+  excluded.value), updated_at = excluded.updated_at;
 DROP TABLE volume_map;
 """
 
 
 def seed(runs: int, template_ids: list[Any], events: int = 0) -> dict[str, int]:
-    """Copy the template runs (with their steps and events) into ``runs`` finished runs spread
-    over the past year, with at least ``events`` events in all (each copy's trail repeated);
-    returns the row counts after and ``trails``. Django set up, PostgreSQL."""
+    """Copy the template runs (with their steps, events and usage buckets) into ``runs``
+    finished runs spread over the past year, with at least ``events`` events in all (each
+    copy's trail repeated); returns the row counts after and ``trails``. Django set up,
+    PostgreSQL."""
     from django.db import connection
 
     from loops.models import LoopEvent
@@ -96,9 +129,11 @@ def seed(runs: int, template_ids: list[Any], events: int = 0) -> dict[str, int]:
         cursor.execute(_COPY_RUNS, params)
         # As autovacuum leaves a table a year old: statistics and the visibility map (an
         # index-only scan, a count's, reads no heap page the map marks all-visible).
-        cursor.execute("VACUUM ANALYZE loops_looprun, loops_loopstep, loops_loopevent")
+        cursor.execute(
+            "VACUUM ANALYZE loops_looprun, loops_loopstep, loops_loopevent, loops_usagebucket"
+        )
         counts = {}
-        for table in ("loops_looprun", "loops_loopstep", "loops_loopevent"):
+        for table in ("loops_looprun", "loops_loopstep", "loops_loopevent", "loops_usagebucket"):
             cursor.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 (constant names)
             counts[table] = int(cursor.fetchone()[0])
     return {**counts, "trails": trails}

@@ -1,21 +1,22 @@
-"""The figures of the Metrics page: runs by status, approval wait times, tokens and cost per day.
+"""The figures of the Metrics page: runs by status, approval wait times, usage per day.
 
-Read-only aggregate queries over the tables the engine writes anyway (runs, steps, approvals), so
-the page needs no metrics store and is correct on SQLite and PostgreSQL alike.
+Read-only aggregate queries over the tables the engine writes anyway (runs, approvals, and the
+budgets' day buckets for the usage, ``metrics_usage``), so the page needs no metrics store and
+is correct on SQLite and PostgreSQL alike.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, DecimalField, Sum
-from django.db.models.functions import Coalesce, TruncDate
+from django.db.models import Count
 from django.utils import timezone
 
-from loops.models import ActionApproval, LoopRun, LoopStep, RunStatus
+from frontend.selectors.metrics_usage import DayUsage, usage_per_day
+from loops.models import ActionApproval, LoopRun, RunStatus
 
 #: Decided approvals looked at for the wait-time figures (newest first), to bound the page's cost.
 WAIT_SAMPLE = 5000
@@ -41,19 +42,6 @@ class ApprovalWaits:
 
 
 @dataclass(frozen=True)
-class DayUsage:
-    day: date
-    steps: int
-    tokens_in: int
-    tokens_out: int
-    cost: Decimal
-
-    @property
-    def tokens(self) -> int:
-        return self.tokens_in + self.tokens_out
-
-
-@dataclass(frozen=True)
 class Metrics:
     days: int
     since: datetime
@@ -61,6 +49,14 @@ class Metrics:
     runs_total: int
     approvals: ApprovalWaits
     usage: list[DayUsage]
+
+    @property
+    def invocations_total(self) -> int:
+        return sum(day.invocations for day in self.usage)
+
+    @property
+    def tool_calls_total(self) -> int:
+        return sum(day.tool_calls for day in self.usage)
 
     @property
     def tokens_total(self) -> int:
@@ -112,38 +108,9 @@ def approval_waits(since: datetime) -> ApprovalWaits:
     )
 
 
-def usage_per_day(since: datetime) -> list[DayUsage]:
-    """Model tokens and cost per UTC day (from the persisted model steps), newest day first."""
-    rows = (
-        LoopStep.objects.filter(started_at__gte=since)
-        .annotate(day=TruncDate("started_at"))
-        .values("day")
-        .annotate(
-            steps=Count("id"),
-            tokens_in=Coalesce(Sum("tokens_in"), 0),
-            tokens_out=Coalesce(Sum("tokens_out"), 0),
-            cost=Coalesce(
-                Sum("cost"),
-                Decimal(0),
-                output_field=DecimalField(max_digits=20, decimal_places=6),
-            ),
-        )
-        .order_by("-day")
-    )
-    return [
-        DayUsage(
-            day=row["day"],
-            steps=int(row["steps"]),
-            tokens_in=int(row["tokens_in"]),
-            tokens_out=int(row["tokens_out"]),
-            cost=Decimal(row["cost"]),
-        )
-        for row in rows
-    ]
-
-
 def metrics_summary(days: int = 14, now: datetime | None = None) -> Metrics:
-    since = (now or timezone.now()) - timedelta(days=days)
+    now = now or timezone.now()
+    since = now - timedelta(days=days)
     statuses = runs_by_status(since)
     return Metrics(
         days=days,
@@ -151,5 +118,5 @@ def metrics_summary(days: int = 14, now: datetime | None = None) -> Metrics:
         runs_by_status=statuses,
         runs_total=sum(s.count for s in statuses),
         approvals=approval_waits(since),
-        usage=usage_per_day(since),
+        usage=usage_per_day(since, now),
     )

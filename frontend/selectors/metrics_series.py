@@ -2,9 +2,10 @@
 
 Read from the tables the engine writes anyway: runs by the day they were created and their
 status now; approvals by the day they were decided (the median wait that day); model tokens
-and cost by the day of their step; model failures by endpoint, from the failed model steps and
-from the endpoint failures that made a run wait (``run.retry_later``; every retried attempt is
-counted by Prometheus as ``loopwright_model_errors`` instead).
+(in + out) and cost from the budgets' day buckets (``metrics_usage``); model failures by
+endpoint, from the failed model steps and from the endpoint failures that made a run wait
+(``run.retry_later``; every retried attempt is counted by Prometheus as
+``loopwright_model_errors`` instead).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from typing import Any
 
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncDate
 
-from frontend.selectors.metrics import WAIT_SAMPLE, DayUsage
+from frontend.selectors.metrics import WAIT_SAMPLE
+from frontend.selectors.metrics_usage import DayUsage
 from loops.models import ActionApproval, LoopEvent, LoopRun, LoopStep, RunStatus
 
 #: How runs are grouped in the runs chart: the three ends, and everything not ended yet.
@@ -33,13 +35,10 @@ TOP_ENDPOINTS = 5
 #: Failure records read for the errors chart (newest first), to bound the page's cost.
 ERROR_SAMPLE = 5000
 
+#: The tokens chart's one series: a bucket sums prompt and completion tokens.
+TOKENS = "tokens (in + out)"
+
 Series = dict[str, list[float]]
-
-
-def window_days(since: datetime, now: datetime) -> list[date]:
-    """Every UTC day from ``since``'s to ``now``'s, oldest first."""
-    first, last = since.date(), now.date()
-    return [first + timedelta(days=n) for n in range((last - first).days + 1)]
 
 
 def _by_day(days: list[date], counts: dict[tuple[date, str], float], names: list[str]) -> Series:
@@ -89,14 +88,13 @@ def approval_wait_per_day(days: list[date], since: datetime) -> Series:
 
 
 def usage_series(days: list[date], usage: Iterable[DayUsage]) -> tuple[Series, Series]:
-    """(tokens in and out, cost) per day, from :func:`metrics.usage_per_day`."""
+    """(tokens in + out, cost) per day, from :func:`metrics_usage.usage_per_day`."""
     tokens: dict[tuple[date, str], float] = {}
     cost: dict[tuple[date, str], float] = {}
     for row in usage:
-        tokens[(row.day, "tokens in")] = row.tokens_in
-        tokens[(row.day, "tokens out")] = row.tokens_out
+        tokens[(row.day, TOKENS)] = row.tokens
         cost[(row.day, "cost")] = float(row.cost)
-    return _by_day(days, tokens, ["tokens in", "tokens out"]), _by_day(days, cost, ["cost"])
+    return _by_day(days, tokens, [TOKENS]), _by_day(days, cost, ["cost"])
 
 
 def _failures(since: datetime) -> list[tuple[date, str]]:

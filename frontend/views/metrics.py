@@ -12,6 +12,7 @@ from frontend.charts import Chart, stacked_bars
 from frontend.selectors import metrics_series as series
 from frontend.selectors import skill_usage
 from frontend.selectors.metrics import Metrics, metrics_summary
+from frontend.selectors.metrics_usage import usage_days
 from frontend.templatetags.ui import seconds
 
 #: The windows the page offers (days); anything else falls back to the default.
@@ -44,7 +45,7 @@ def wait_text(value: float) -> str:
 
 def charts(summary: Metrics) -> dict[str, Chart]:
     """The page's charts over its window, one bar per UTC day."""
-    days = series.window_days(summary.since, timezone.now())
+    days = usage_days(summary.since, timezone.now())
     tokens, cost = series.usage_series(days, summary.usage)
     return {
         "runs": stacked_bars(
@@ -56,7 +57,7 @@ def charts(summary: Metrics) -> dict[str, Chart]:
             series.approval_wait_per_day(days, summary.since),
             fmt=wait_text,
         ),
-        "tokens": stacked_bars("Model tokens per day", days, tokens),
+        "tokens": stacked_bars("Model tokens (in + out) per day", days, tokens),
         "cost": stacked_bars("Model cost per day", days, cost, fmt=lambda v: f"{v:.4f}"),
         "errors": stacked_bars(
             "Model failures per day, by endpoint",

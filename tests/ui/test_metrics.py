@@ -12,8 +12,9 @@ from django.test import Client
 from django.utils import timezone
 
 from frontend.selectors.metrics import _percentile, metrics_summary
-from loops.models import ActionApproval, LoopStep, RunStatus
+from loops.models import ActionApproval, RunStatus
 from tests.support.factories import make_pattern, make_run
+from tests.support.usage import charge
 
 pytestmark = pytest.mark.django_db
 ClientAs = Callable[[str], Client]
@@ -56,11 +57,8 @@ def test_the_summary_counts_runs_waits_and_usage() -> None:
     for seq, waited in enumerate([30.0, 90.0, 600.0]):
         _approval(done, seq + 1, waited)
     _approval(parked, 1, None)  # still pending
-    for seq, (tokens_in, tokens_out, cost) in enumerate([(100, 20, "0.01"), (50, 5, "0.0025")]):
-        LoopStep.objects.create(
-            run=done, seq=seq + 1, role="maker", invocation="maker-1", kind="model",
-            status="completed", tokens_in=tokens_in, tokens_out=tokens_out, cost=Decimal(cost),
-        )  # fmt: skip
+    charge(done, invocations=2, tool_calls=3, tokens=100 + 20, cost=0.01)
+    charge(done, tokens=50 + 5, cost=0.0025)
 
     metrics = metrics_summary(days=7)
 
@@ -71,17 +69,16 @@ def test_the_summary_counts_runs_waits_and_usage() -> None:
     assert (waits.decided, waits.median_seconds, waits.longest_seconds) == (3, 90.0, 600.0)
     assert waits.pending == 1 and waits.oldest_pending is not None
     [today] = metrics.usage
-    assert (today.steps, today.tokens, today.cost) == (2, 175, Decimal("0.0125"))
+    assert (today.invocations, today.tool_calls) == (2, 3)
+    assert (today.tokens, today.cost) == (175, Decimal("0.0125"))
     assert (metrics.tokens_total, metrics.cost_total) == (175, Decimal("0.0125"))
+    assert (metrics.invocations_total, metrics.tool_calls_total) == (2, 3)
 
 
 def test_the_metrics_page_shows_the_figures_to_any_role(client_as: ClientAs) -> None:
     run = make_run(status=RunStatus.SUCCEEDED)
     _approval(run, 1, 125.0)
-    LoopStep.objects.create(
-        run=run, seq=1, role="leader", invocation="leader", kind="model", status="completed",
-        tokens_in=1200, tokens_out=34, cost=Decimal("0.5"),
-    )  # fmt: skip
+    charge(run, invocations=1, tool_calls=4, tokens=1200 + 34, cost=0.5)
     page = html(client_as("viewer").get("/ui/metrics?days=30"))
     assert 'aria-current="page"' in page.split('href="/ui/metrics"')[1][:40]
     runs_table = page.split('id="runs-by-status"')[1].split("</table>")[0]
@@ -89,13 +86,14 @@ def test_the_metrics_page_shows_the_figures_to_any_role(client_as: ClientAs) -> 
     waits = page.split('id="approval-waits"')[1].split("</dl>")[0]
     assert "2m" in waits  # 125 s, compact
     usage = page.split('id="usage-per-day"')[1].split("</table>")[0]
-    assert "1,200" in usage and "0.5000" in usage
+    assert "Tokens (in + out)" in usage and "Tool calls" in usage and "Steps" not in usage
+    assert '<td class="num">1,234</td>' in usage and "0.5000" in usage
     assert "selected>last 30 days" in page
 
 
 def test_the_metrics_page_has_empty_states_and_ignores_a_bad_window(client_as: ClientAs) -> None:
     page = html(client_as("viewer").get("/ui/metrics?days=abc"))
-    assert "No runs in this window." in page and "No model steps in this window." in page
+    assert "No runs in this window." in page and "No usage in this window." in page
     assert "selected>last 14 days" in page
 
 

@@ -3,13 +3,12 @@ are drawn, a tooltip names a bar's figure, and nothing needs sideways scrolling.
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import pytest
 from playwright.sync_api import expect
 
-from loops.models import LoopStep, RunStatus
+from loops.models import RunStatus
 from tests.support.factories import make_pattern, make_run
+from tests.support.usage import charge
 from tests.ui.conftest import Browser, screenshot
 
 pytestmark = [pytest.mark.ui, pytest.mark.django_db(transaction=True)]
@@ -19,10 +18,7 @@ def test_the_metrics_charts_draw_and_fit_a_phone(browser: Browser) -> None:
     pattern = make_pattern()
     for status in (RunStatus.SUCCEEDED, RunStatus.SUCCEEDED, RunStatus.FAILED):
         run = make_run(pattern, status=status)
-        LoopStep.objects.create(
-            run=run, seq=1, role="maker", invocation="maker:0", kind="model",
-            status="completed", tokens_in=800, tokens_out=200, cost=Decimal("0.01"),
-        )  # fmt: skip
+        charge(run, tokens=800 + 200, cost=0.01)
     page = browser.logged_in("viewer")
     page.set_viewport_size({"width": 1440, "height": 900})
     page.goto("/ui/metrics?days=7")
@@ -30,7 +26,7 @@ def test_the_metrics_charts_draw_and_fit_a_phone(browser: Browser) -> None:
     expect(bars).to_have_count(2)  # today: succeeded, failed
     expect(page.locator("#chart-runs .chart-legend")).to_contain_text("succeeded")
     expect(page.locator("#chart-tokens rect.chart-bar title").first).to_have_text(
-        f"{page.evaluate('new Date().toISOString().slice(0, 10)')} · tokens in: 2.4k"
+        f"{page.evaluate('new Date().toISOString().slice(0, 10)')} · tokens (in + out): 3k"
     )
     screenshot(page, "metrics-1440")
     page.set_viewport_size({"width": 390, "height": 844})

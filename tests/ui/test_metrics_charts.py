@@ -7,7 +7,6 @@ from __future__ import annotations
 import html as html_module
 from collections.abc import Callable
 from datetime import date, timedelta
-from decimal import Decimal
 
 import pytest
 from django.test import Client
@@ -16,6 +15,7 @@ from django.utils import timezone
 from frontend.charts import nice_ceiling, stacked_bars
 from loops.models import LoopEvent, LoopRun, LoopStep, RunStatus
 from tests.support.factories import make_pattern, make_run
+from tests.support.usage import charge
 
 ClientAs = Callable[[str], Client]
 
@@ -41,10 +41,8 @@ def test_the_metrics_page_draws_runs_waits_usage_and_failures(client_as: ClientA
     make_run(pattern, status=RunStatus.FAILED)
     older = make_run(pattern, status=RunStatus.SUCCEEDED)
     LoopRun.objects.filter(pk=older.pk).update(created_at=timezone.now() - timedelta(days=2))
-    LoopStep.objects.create(
-        run=done, seq=1, role="maker", invocation="maker:0", kind="model", status="completed",
-        tokens_in=1500, tokens_out=500, cost=Decimal("0.25"),
-    )  # fmt: skip
+    charge(done, tokens=1500 + 500, cost=0.25)
+    charge(older, tokens=700, cost=0.125, at=timezone.now() - timedelta(days=2))
     LoopStep.objects.create(
         run=done, seq=2, role="maker", invocation="maker:0", kind="model", status="failed",
         error="HTTP 503", response={"endpoint": "primary"},
@@ -64,8 +62,11 @@ def test_the_metrics_page_draws_runs_waits_usage_and_failures(client_as: ClientA
     assert f"<title>{today} · succeeded: 1</title>" in runs
     assert f"<title>{today} · failed: 1</title>" in runs
     assert f"<title>{two_days_ago} · succeeded: 1</title>" in runs
-    assert f"<title>{today} · tokens in: 1.5k</title>" in text
+    tokens = text.split('id="chart-tokens"')[1].split("</figure>")[0]
+    assert f"<title>{today} · tokens (in + out): 2k</title>" in tokens
+    assert f"<title>{two_days_ago} · tokens (in + out): 700</title>" in tokens
     assert f"<title>{today} · cost: 0.2500</title>" in text
+    assert f"<title>{two_days_ago} · cost: 0.1250</title>" in text
     errors = text.split('id="chart-errors"')[1].split("</figure>")[0]
     assert f"<title>{today} · primary: 2</title>" in errors
     assert f"<title>{today} · backup: 1</title>" in errors
