@@ -18,7 +18,7 @@ signature seen so far (that copy made a resume's replay quadratic in the history
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import immutables
 
@@ -79,7 +79,7 @@ def observe(
     occurrences = state.seen.get(key, 0) + 1
     streak = _streak(state, tool, step)
     seen = state.seen.set(key, occurrences)
-    new_state = replace(state, seen=seen, last_tool=tool, last_step=step, streak=streak)
+    new_state = RepetitionState(seen=seen, last_tool=tool, last_step=step, streak=streak)
     if streak >= limits.consecutive_finalize_at:
         verdict = Repetition.FINALIZE
     elif occurrences >= limits.duplicate_skip_at:
