@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from bench import common
+from bench import common, volume_prune
 
 RUNS, SMOKE_RUNS = 200_000, 2_000
 #: The issue's year holds 10 M events; a run of these templates writes 8, so each copy carries
@@ -225,6 +225,8 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
         argv += ["--events", "0" if smoke else str(EVENTS)]
         argv += ["--templates", str(TEMPLATES), "--parked", str(PARKED)]
         result = common.run_child("bench.volume", db.env(), argv, 3600, logs)
+        # Retention under load, on the year just copied (bench/volume_prune.py).
+        prune_rows = volume_prune.run_on(db.env(), logs, smoke=smoke)
     counts = result["counts"]
     rows = []
     for name, small in result["small"].items():
@@ -242,7 +244,7 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
                 seed_s=round(result["seed_s"], 1),
             )
         )
-    return rows
+    return [*rows, *prune_rows]
 
 
 def main(argv: list[str] | None = None) -> None:
