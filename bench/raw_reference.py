@@ -4,6 +4,8 @@ On a scratch ``lw_bench_raw_*`` database of the same server, with bare psycopg (
 
 * **commit loop**: one-row ``INSERT`` + ``COMMIT``, with 1 client and with 4 (threads, one
   connection each; psycopg releases the GIL while it waits on the server) — commits per second;
+  and with 4 clients each transaction also sending a ``NOTIFY`` (what the engine's writes no
+  longer do: ``orchestrator/wakeups.py``);
 * **one-transaction step**: what the issue calls a step's bare cost: insert the step row
   (JSON request and response), two events and a span, and update the run's counters, in one
   transaction — ms per step;
@@ -52,13 +54,15 @@ def _connect(url: str) -> Any:
     return psycopg.connect(url, autocommit=True)
 
 
-def _commit_loop(url: str, seconds: float) -> int:
+def _commit_loop(url: str, seconds: float, notify: bool = False) -> int:
     done = 0
     with _connect(url) as conn:
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             with conn.transaction():
                 conn.execute("INSERT INTO commits (v) VALUES ('x')")
+                if notify:  # what a write announcing itself in its own transaction adds
+                    conn.execute("SELECT pg_notify('bench_raw', 'x')")
             done += 1
     return done
 
@@ -150,7 +154,8 @@ def _claims_per_second(url: str, jobs: int, clients: int) -> float:
 
 def _measure(url: str, smoke: bool) -> dict[str, Any]:
     seconds, steps, jobs, repeats = (0.3, 50, 200, 1) if smoke else (2.0, 1000, 4000, 3)
-    samples: dict[str, list[float]] = {k: [] for k in ("commit_1", "commit_4", "claims_4")}
+    keys = ("commit_1", "commit_4", "commit_4_notify", "claims_4")
+    samples: dict[str, list[float]] = {k: [] for k in keys}
     step_p50: list[float] = []
     step_p99: list[float] = []
     with _connect(url) as conn:
@@ -159,6 +164,9 @@ def _measure(url: str, smoke: bool) -> dict[str, Any]:
     for _ in range(repeats):  # interleaved, so drift on the shared machine hits all alike
         samples["commit_1"].append(_commit_loop(url, seconds) / seconds)
         samples["commit_4"].append(_parallel(4, lambda: _commit_loop(url, seconds)))
+        samples["commit_4_notify"].append(
+            _parallel(4, lambda: _commit_loop(url, seconds, notify=True))
+        )
         timings = _step_loop(url, steps)
         step_p50.append(statistics.median(timings))
         step_p99.append(common.percentile(timings, 99))
@@ -214,6 +222,17 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
             spread=spreads["commit_4"],
             ratio=common.ratio(raw["commit_4"], ISSUE["commit_4"]),
             reference=ref("commit_4", "/s"),
+        ),
+        common.row(
+            "raw commit loop, 4 clients, a NOTIFY in each transaction",
+            "reference",
+            passed=None,
+            median=raw["commit_4_notify"],
+            unit="/s",
+            spread=spreads["commit_4_notify"],
+            ratio=common.ratio(raw["commit_4_notify"], raw["commit_4"]),
+            reference="the commit loop without NOTIFY, 4 clients, same run (PostgreSQL serialises "
+            "the commits of transactions that notify: orchestrator/wakeups.py)",
         ),
         common.row(
             "raw one-transaction step (row, 2 events, span, run update)",

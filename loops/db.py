@@ -28,6 +28,7 @@ from django.db.models import Field, Model
 from psycopg.adapt import Transformer
 
 from loops.orm_private import log_query, queries_logged
+from orchestrator import wakeups
 from orchestrator.sql import is_postgres, statements_unprepared
 
 # --- the choice between a write's paths ---------------------------------------------------------
@@ -290,8 +291,9 @@ def batch() -> Iterator[Batch]:
     with connection.wrap_database_errors:
         try:
             sent = _SentInline(raw) if unprepared else _SentTogether(raw)
-            yield sent
-            sent.commit()
+            with wakeups.collected():  # the runs it touched, announced once it committed
+                yield sent
+                sent.commit()
         except BaseException:
             raw.rollback()  # autocommit connection: ROLLBACK only if a transaction is open
             if not raw.closed and not unprepared:

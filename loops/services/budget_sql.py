@@ -40,9 +40,10 @@ def fence_limits_sql(
     steps itself)."""
     release = ", model_call_token = NULL" if release_admission else ""
     expected = "" if steps_before is None else " AND step_count = %s"
+    touched = wakeups.touched_sql(vendor.now_sql(), lease.run_id)
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"event_seq = event_seq + %s, updated_at = {wakeups.touched_sql(vendor.now_sql())}"
+        f"event_seq = event_seq + %s, updated_at = {touched}"
         f"{release} "
         f"WHERE id = %s AND lease_owner = %s AND lease_token = %s{expected} "
         f"RETURNING step_count, event_seq, {LIMIT_COLUMNS}"
@@ -68,9 +69,10 @@ def fence_unchanged_sql(
     then changes nothing: statements guarded by that step count (``step_sql``) write nothing
     either, and the caller reads the run again."""
     assert limits.fingerprint is not None
+    touched = wakeups.touched_sql(vendor.now_sql(), lease.run_id)
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, "  # noqa: S608 (constants)
-        f"updated_at = {wakeups.touched_sql(vendor.now_sql())}, model_call_token = NULL "
+        f"updated_at = {touched}, model_call_token = NULL "
         "WHERE id = %s AND lease_owner = %s AND lease_token = %s AND step_count = %s "
         "AND md5(COALESCE(policy_snapshot::text, '')) = %s "
         "AND md5(COALESCE((SELECT p.policy::text FROM loops_looppattern p "

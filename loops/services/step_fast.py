@@ -108,7 +108,7 @@ def _invocation_begin_unchanged(
     )
     with db.batch() as batch:
         found = batch.add(*statement)
-        wakeups.notify_in(batch.add, lease.run_id)
+        wakeups.touched(lease.run_id)
     if not found.rows:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
     event_seq, started, steps, pattern_id, snapshot, pattern_policy, calls = found.rows[0]

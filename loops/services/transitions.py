@@ -173,7 +173,7 @@ def _run_transition_batched(change: _Change) -> TransitionResult:
     assert change.lease is not None
     with db.batch() as batch:
         written = batch.add(*_transition_statement(change))
-        wakeups.notify_in(batch.add, change.run_id)
+        wakeups.touched(change.run_id)
     if not written.rows:
         raise db.NotPlain
     current, seq = written.rows[0]
@@ -409,7 +409,7 @@ def fence_touch_sql(
     """The statement of :func:`fenced_touch`, for a caller that sends it in a batch."""
     sql = (
         "UPDATE loops_looprun SET step_count = step_count + %s, event_seq = event_seq + %s, "
-        f"updated_at = {wakeups.touched_sql(now_sql())} "
+        f"updated_at = {wakeups.touched_sql(now_sql(), lease.run_id)} "
         "WHERE id = %s AND lease_owner = %s AND lease_token = %s "
         "RETURNING step_count, event_seq"
     )
