@@ -19,29 +19,17 @@ import uuid
 from typing import Any
 
 from bench import common
-from bench.step_overhead import StepInvoker, _run_once, timed_driver
+from bench.step_overhead import StepInvoker, _run_once, steps_pattern, timed_driver
 
 TARGET_RATIO = 1.1
 
 
 def _patterns() -> dict[str, Any]:
-    from loops.services.patterns import pattern_create
-
-    def make(key: str, policy: dict[str, Any]) -> Any:
-        return pattern_create(
-            key=key,
-            actor="bench",
-            title="Bench",
-            goal_template="Bench",
-            leader_username="bench-leader",
-            maker_usernames=["bench-maker"],
-            verifier_username="bench-verifier",
-            policy=policy,
-            **common.bench_harness_tags(),
-        )
-
     dark = {"harness": {"observability": {"enabled": False}}}
-    return {"on": make("bench-spans-on", {}), "off": make("bench-spans-off", dark)}
+    return {
+        "on": steps_pattern("bench-spans-on"),
+        "off": steps_pattern("bench-spans-off", dark),
+    }
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

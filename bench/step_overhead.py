@@ -170,21 +170,28 @@ def _run_once(driver: Any, invoker: StepInvoker, pattern: Any, steps: int) -> di
     }
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def steps_pattern(key: str, policy: dict[str, Any] | None = None) -> Any:
+    """A pattern of the bench team (``common.bench_harness_tags``) whose runs these benches
+    drive with :class:`StepInvoker`."""
     from loops.services.patterns import pattern_create
 
-    # (maker steps, runs per repeat), measured in turn in every repeat
-    lengths = list(zip(args.steps or [20], args.runs or [10], strict=True))
-    pattern = pattern_create(
-        key="bench-steps",
+    return pattern_create(
+        key=key,
         actor="bench",
         title="Bench",
         goal_template="Bench",
         leader_username="bench-leader",
         maker_usernames=["bench-maker"],
         verifier_username="bench-verifier",
+        policy=policy or {},
         **common.bench_harness_tags(),
     )
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    # (maker steps, runs per repeat), measured in turn in every repeat
+    lengths = list(zip(args.steps or [20], args.runs or [10], strict=True))
+    pattern = steps_pattern("bench-steps")
     invoker = StepInvoker()
     driver = timed_driver(invoker=invoker, capacity=8, owner=f"bench-step-{uuid.uuid4().hex[:6]}")
     driver.start()

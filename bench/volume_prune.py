@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import claims, common
-from bench.step_overhead import StepInvoker, _repeat, _run_once, timed_driver
+from bench.step_overhead import StepInvoker, _repeat, _run_once, steps_pattern, timed_driver
 
 PRUNE_RUNS, SMOKE_PRUNE_RUNS = 100_000, 1_000
 CLAIM_RUNS, STEP_RUNS, STEPS, ROUNDS, WARMUP = 5_000, 10, 20, 3, 1
@@ -120,19 +120,9 @@ def _claims_round(runs: int) -> float:
 
 def _steps_pattern() -> Any:
     from loops.models import LoopPattern
-    from loops.services.patterns import pattern_create
 
     found = LoopPattern.objects.filter(key="bench-steps").first()
-    return found or pattern_create(
-        key="bench-steps",
-        actor="bench",
-        title="Bench",
-        goal_template="Bench",
-        leader_username="bench-leader",
-        maker_usernames=["bench-maker"],
-        verifier_username="bench-verifier",
-        **common.bench_harness_tags(),
-    )
+    return found or steps_pattern("bench-steps")
 
 
 def _steps_round(pattern: Any, runs: int) -> dict[str, Any]:
