@@ -33,6 +33,7 @@ RUNS, SMOKE_RUNS = 200_000, 2_000
 #: what the figure tests; a run's own pages are timed on a template, never padded).
 EVENTS = 10_000_000
 TEMPLATES, PARKED = 10, 20
+SMOKE_TEMPLATES, SMOKE_PARKED = 2, 2
 SAMPLES, WARMUP = 30, 5
 RATIO_LIMIT = 2.0
 TOOLS = [*common.NOOP_TOOLS, "read", "write"]
@@ -219,11 +220,12 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
     if not common.redis_available():
         raise RuntimeError(f"Redis is needed at {common.BENCH_REDIS}")
     runs, samples = (SMOKE_RUNS, 5) if smoke else (RUNS, SAMPLES)
+    templates, parked = (SMOKE_TEMPLATES, SMOKE_PARKED) if smoke else (TEMPLATES, PARKED)
     logs = common.log_dir("volume")
     with common.ScratchDatabase("volume") as db:
         argv = ["--runs", str(runs), "--samples", str(samples)]
         argv += ["--events", "0" if smoke else str(EVENTS)]
-        argv += ["--templates", str(TEMPLATES), "--parked", str(PARKED)]
+        argv += ["--templates", str(templates), "--parked", str(parked)]
         result = common.run_child("bench.volume", db.env(), argv, 3600, logs)
         # Retention under load, on the year just copied (bench/volume_prune.py).
         prune_rows = volume_prune.run_on(db.env(), logs, smoke=smoke)
@@ -239,7 +241,7 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
                 median_ms=large,
                 passed=ratio <= RATIO_LIMIT,
                 ratio=round(ratio, 3),
-                reference=f"{small:.2f} ms with {TEMPLATES + PARKED} runs",
+                reference=f"{small:.2f} ms with {templates + parked} runs",
                 rows=counts,
                 seed_s=round(result["seed_s"], 1),
             )

@@ -20,7 +20,7 @@ from tests.support import workers
 from tests.support.approvals import http_reply
 from tests.support.model_server import ModelServer
 from tests.support.pgbouncer import end_other_sessions, release_database
-from tests.support.phases import deselect_server_agnostic
+from tests.support.phases import deselect_for_phase
 from tests.support.write_paths import EXACT, FAST
 
 PERSONAS: dict[str, tuple[Role, ...]] = {
@@ -104,7 +104,7 @@ def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    deselect_server_agnostic(config, items)
+    deselect_for_phase(config, items)
 
 
 @pytest.fixture

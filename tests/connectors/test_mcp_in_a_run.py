@@ -39,6 +39,7 @@ from tests.support.model_server import Completion, ModelServer, RecordedRequest
 from tests.support.workers import WorkerProcess, wait_for
 
 pytestmark = [
+    pytest.mark.one_backend,
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("seeded_profiles"),

@@ -23,6 +23,8 @@ from tests.support.model_server import ModelServer
 from tests.support.otlp import Receiver, attributes, receiver
 from tests.support.workers import WorkerProcess, wait_for
 
+pytestmark = [pytest.mark.one_backend]
+
 __all__ = ["receiver"]
 
 TRACE = "5b8efff798038103d269b633813fc60c"

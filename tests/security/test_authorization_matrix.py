@@ -50,7 +50,7 @@ from tests.security.rights import (
 )
 from tests.support.approvals import approval_pattern, park_directly, pending_approvals, write_call
 
-pytestmark = [pytest.mark.django_db, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.one_backend, pytest.mark.django_db, pytest.mark.timeout(900)]
 
 
 API_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -58,6 +58,8 @@ from tests.support.approvals import (
 from tests.support.canary import Canary, Redirector
 from tests.support.git_server import GitHttpServer, git
 
+pytestmark = [pytest.mark.one_backend]
+
 ASK = ChatRequest(messages=[{"role": "user", "content": "hi"}])
 PUBLIC = "93.184.216.34"
 

@@ -20,7 +20,11 @@ from skillhub.models import Skill, SkillExecution
 from skillhub.services.access import Caller
 from skillhub.services.executions import execution_request, execution_run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.one_backend,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(300),
+]
 EMPTY = {"type": "object", "properties": {}}
 
 

@@ -32,6 +32,7 @@ from tests.skillhub.conftest import SKILL_QUEUE, SkillsWorker
 from tests.support.workers import wait_for
 
 pytestmark = [
+    pytest.mark.one_backend,
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(300),

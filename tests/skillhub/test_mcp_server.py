@@ -36,6 +36,7 @@ from tests.skillhub.conftest import NODE_UPPER, NUMBERS, TEXT, SkillsWorker
 from tests.support.asgi_server import uvicorn_thread
 
 pytestmark = [
+    pytest.mark.one_backend,
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(300),

@@ -29,7 +29,12 @@ from tests.skillhub.conftest import SkillsWorker, start_skills_worker
 from tests.support.s3_server import CREDENTIALS, MotoS3Server
 from tests.support.workers import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.one_backend,
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(300),
+]
 PROBLEM = "application/problem+json"
 BUCKET = "loopwright-skills"
 OTHER = "someone-elses-bucket"

@@ -33,7 +33,12 @@ from skillhub.services.executions import execution_request, execution_run
 from tests.skillhub.conftest import SKILL_QUEUE, TEXT, start_skills_worker
 from tests.support.package_index import PackageServer, package_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.one_backend,
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(300),
+]
 #: Executions run inline here: nudges go to a queue nobody consumes (conftest).
 INLINE_EXECUTIONS = True
 

@@ -36,6 +36,7 @@ from tests.support.model_server import ModelServer
 from tests.support.workers import WorkerProcess, wait_for
 
 pytestmark = [
+    pytest.mark.one_backend,
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(600),

@@ -7,6 +7,12 @@ sandbox, the runtime) gives the same answer both times, so with
 deselected there. What counts as touching the servers: a ``django_db`` mark, a fixture that
 reaches the database (``db``, ``transactional_db``, ``live_server``, ...), the ``postgres`` or
 ``e2e`` mark, or a module that names Redis.
+
+A test marked ``one_backend`` answers for something no database backend changes (the sandbox,
+skills, connectors, the route permissions, the UI) though it stores its runs on one: it runs
+once, in the services phase when one follows (``LOOPWRIGHT_TEST_PHASE=embedded``, set by
+scripts/test.sh for the SQLite phase when PostgreSQL and Redis answer), else on SQLite. What
+each backend does differently (claims, leases, step writes, locks) keeps its tests in both.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ DATABASE_FIXTURES = frozenset(
         "django_db_setup",
     }
 )
-SERVICE_MARKS = ("django_db", "postgres", "e2e")
+SERVICE_MARKS = ("django_db", "postgres", "e2e", "one_backend")
+ONE_BACKEND = "one_backend"
 
 
 @functools.cache
@@ -48,12 +55,21 @@ def touches_services(item: pytest.Item) -> bool:
     return _names_redis(Path(str(item.path)))
 
 
-def deselect_server_agnostic(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the services phase, drop the tests the SQLite phase already answered for good."""
-    if os.environ.get(PHASE_VARIABLE) != "services":
-        return
-    kept = [item for item in items if touches_services(item)]
-    dropped = [item for item in items if not touches_services(item)]
+def _runs_here(item: pytest.Item, phase: str | None) -> bool:
+    if phase == "services":
+        return touches_services(item)
+    if phase == "embedded":
+        return item.get_closest_marker(ONE_BACKEND) is None
+    return True
+
+
+def deselect_for_phase(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop what another phase of the same test command answers: in the services phase the
+    tests the SQLite phase answered for good; in a SQLite phase a services phase follows, the
+    ``one_backend`` tests."""
+    phase = os.environ.get(PHASE_VARIABLE)
+    kept = [item for item in items if _runs_here(item, phase)]
+    dropped = [item for item in items if not _runs_here(item, phase)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

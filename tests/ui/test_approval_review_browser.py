@@ -33,6 +33,7 @@ from tests.support.workers import WorkerProcess, wait_for
 from tests.ui.conftest import Browser, screenshot
 
 pytestmark = [
+    pytest.mark.one_backend,
     pytest.mark.ui,
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),

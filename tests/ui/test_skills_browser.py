@@ -20,7 +20,12 @@ from skillhub.models import Skill, SkillExecution
 from tests.skillhub.conftest import SkillsWorker, start_skills_worker
 from tests.ui.conftest import Browser, screenshot
 
-pytestmark = [pytest.mark.ui, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.one_backend,
+    pytest.mark.ui,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(300),
+]
 
 #: This module's own skills queue: a worker of another test database must not take its messages.
 QUEUE = f"ui-skills-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
