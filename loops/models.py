@@ -273,6 +273,29 @@ class LoopStep(models.Model):
         return f"{self.run_id}#{self.seq} {self.kind}:{self.name}"
 
 
+class ConversationCheckpoint(models.Model):
+    """An invocation's settled history folded once (``runtime.checkpoint``), kept by the lease
+    holder when the invocation parks: a resume reads it and only the steps after ``upto_seq``.
+    ``state`` is the checkpoint's JSON as text (PostgreSQL's jsonb refuses NUL characters that
+    a tool call's arguments may hold)."""
+
+    run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, db_index=False)
+    invocation = models.CharField(max_length=100)
+    upto_seq = models.PositiveIntegerField()
+    state = models.TextField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "invocation"], name="loops_checkpoint_run_invocation_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.invocation} <= {self.upto_seq}"
+
+
 class LoopArtifact(models.Model):
     run = models.ForeignKey(LoopRun, on_delete=models.CASCADE, related_name="artifacts")
     kind = models.CharField(max_length=40)

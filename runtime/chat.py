@@ -176,6 +176,12 @@ class _ChatJournal:
     async def steps(self) -> list[StepRecord]:
         return []
 
+    async def resume_point(self) -> tuple[str | None, list[StepRecord]]:
+        return None, await self.steps()
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        """Nothing resumes from this journal: no checkpoint is kept."""
+
     async def begin(
         self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
     ) -> int:

@@ -28,6 +28,8 @@ STARTED = "started"
 GATED = "gated"
 APPROVED = "approved"
 FINISHED = frozenset({"completed", "failed"})
+#: The notice asking the model to correct a malformed structured answer.
+CORRECTION_NOTICE = "output_correction"
 
 
 @dataclass(frozen=True)

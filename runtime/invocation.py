@@ -173,11 +173,28 @@ class InvocationOutcome:
     code: str = ""
 
 
+#: Where a resume starts: a conversation checkpoint's JSON (``runtime.checkpoint``) and the
+#: steps after it, or None and every step.
+ResumePoint = tuple[str | None, list[StepRecord]]
+
+
 class StepJournal(Protocol):
     """Durable, fenced persistence for one invocation's steps (provided by the engine)."""
 
     async def steps(self) -> list[StepRecord]:
         """Steps of this invocation persisted so far, in order (empty on a fresh start)."""
+        ...
+
+    async def resume_point(self) -> tuple[str | None, list[StepRecord]]:
+        """Where a resume starts: the invocation's latest conversation checkpoint (the JSON
+        :meth:`save_checkpoint` kept) and the steps after it, in order; ``(None, steps())``
+        when it has none (and on a fresh start, ``(None, [])``)."""
+        ...
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        """Keep ``state`` (``runtime.checkpoint``: the fold of the steps ``seq <= upto_seq``) as
+        the invocation's latest checkpoint. Best effort: a journal may keep none, and a resume
+        without one replays every step."""
         ...
 
     async def begin(

@@ -15,12 +15,14 @@ same idempotency key. See ``docs/tool-loop.md``.
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runtime import prompts
+from runtime.checkpoint import MIN_ENTRIES, Checkpoint, checkpoint_of, from_json
 from runtime.compaction import (
     FORCED_KEEP_RECENT_GROUPS,
     KEEP_RECENT_GROUPS,
@@ -34,6 +36,7 @@ from runtime.compaction import (
 from runtime.dispatch import Phase, Toolset, plan_step, replay_settled, split_client_calls
 from runtime.execution import StepExecutor
 from runtime.history import (
+    CORRECTION_NOTICE,
     Log,
     ModelEntry,
     NoticeEntry,
@@ -83,7 +86,7 @@ PromptProvider = Callable[[InvocationRequest], str | Awaitable[str]]
 BoundTools = Collection[str] | Callable[[InvocationRequest], Collection[str]]
 """The tools the invocation's employee binds (or, per invocation, a function giving them)."""
 
-CORRECTION_NOTICE = "output_correction"
+logger = logging.getLogger(__name__)
 DEFAULT_SETTINGS = LoopSettings()
 #: ``LoopSettings`` and the harness step cap live in ``runtime.loop_settings``; imported from here.
 __all__ = ["RECURSION_LIMIT", "LoopSettings", "ToolLoopInvoker", "harness_step_cap"]
@@ -235,16 +238,65 @@ class _Invocation:
         self.settings = settings
         self.output = OutputFormat.of(request)
         self.client: ModelClient | None = None
+        #: The conversation the invocation drives (set once its journal is read).
+        self.conversation: Conversation | None = None
 
     async def drive(self) -> InvocationOutcome:
-        log = read_log(await self.journal.steps(), self.journal.idempotency_key)
+        outcome = await self._drive()
+        if outcome.kind == OutcomeKind.NEEDS_APPROVAL:
+            await self._keep_checkpoint()
+        return outcome
+
+    async def _read_journal(self) -> tuple[Log, Checkpoint | None]:
+        """The log to replay, and the checkpoint it continues (None: from the first step)."""
+        state, records = await self.journal.resume_point()
+        checkpoint = from_json(state) if state is not None else None
+        if checkpoint is not None and not checkpoint.fits(
+            records, self.settings.repetition, self.owner
+        ):
+            checkpoint = None
+        if state is not None and checkpoint is None:  # not one to start from: every step
+            records = await self.journal.steps()
+        return read_log(records, self.journal.idempotency_key), checkpoint
+
+    async def _keep_checkpoint(self) -> None:
+        """A parked invocation's settled history, folded once from the persisted steps, so its
+        resume replays only what follows (``runtime.checkpoint``); best effort."""
+        if self.conversation is None or self.conversation.model_steps <= MIN_ENTRIES:
+            return  # too short for a checkpoint to pay (checkpoint_of would find none)
+        try:
+            checkpoint = checkpoint_of(
+                await self.journal.steps(),
+                self.journal.idempotency_key,
+                limits=self.settings.repetition,
+                endpoint=self.owner,
+            )
+            if checkpoint is not None:
+                await self.journal.save_checkpoint(checkpoint.upto_seq, checkpoint.to_json())
+        except Exception:  # a resume without it replays every step
+            logger.warning("the conversation checkpoint was not kept", exc_info=True)
+
+    async def _drive(self) -> InvocationOutcome:
+        log, checkpoint = await self._read_journal()
         budget = self.settings.context_budget_tokens
-        prompt, history = (log.prompt, []) if log.prompt else await self._fresh_start()
+        if checkpoint is not None:
+            prompt, history = checkpoint.prompt, list(checkpoint.history)
+            log.files_written.update(checkpoint.files_written)
+        elif log.prompt:
+            prompt, history = log.prompt, []
+        else:
+            prompt, history = await self._fresh_start()
+        kept = checkpoint.budget_tokens if checkpoint is not None else None
+        used = [b for b in (log.budget_tokens, kept) if b]
         conversation = Conversation(
-            prompt=prompt,
-            history=history,
-            budget_tokens=min(log.budget_tokens or budget, budget),
+            prompt=prompt, history=history, budget_tokens=min([*used, budget])
         )
+        if checkpoint is not None:
+            conversation.model_steps = checkpoint.model_steps
+            conversation.repetition = checkpoint.repetition
+            conversation.corrections = checkpoint.corrections
+            conversation.correcting = checkpoint.correcting
+        self.conversation = conversation
         executor = StepExecutor(
             journal=self.journal,
             toolset=self.toolset,

@@ -111,6 +111,13 @@ class ScrubbingJournal:
     async def steps(self) -> list[StepRecord]:
         return await self.inner.steps()
 
+    async def resume_point(self) -> tuple[str | None, list[StepRecord]]:
+        return await self.inner.resume_point()
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        # Folded from the persisted (masked) steps; masked again all the same.
+        await self.inner.save_checkpoint(upto_seq, self._s(state))
+
     async def begin(
         self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
     ) -> int:

@@ -42,7 +42,7 @@ from orchestrator.sql import (
     skip_locked,
     uuid_param,
 )
-from runtime.invocation import StepRecord
+from runtime.invocation import ResumePoint
 
 _CLAIMABLE = [s.value for s in state.CLAIMABLE]
 _IN_FLIGHT = [s.value for s in state.IN_FLIGHT]
@@ -58,9 +58,10 @@ class Claimed:
     status: str = RunStatus.PREPARING.value
     #: The run's columns the engine needs (``claim_sql.RUN_COLUMNS``), when the claim read them.
     columns: dict[str, Any] | None = None
-    #: For a run claimed before: the invocation it comes back to and that invocation's steps,
-    #: read right after the claim (``engine.with_resume_steps``); None: not read.
-    resume_steps: tuple[str, list[StepRecord]] | None = None
+    #: For a run claimed before: the invocation it comes back to and where that invocation
+    #: resumes (its checkpoint and the steps after it), read right after the claim
+    #: (``engine.with_resume_steps``); None: not read.
+    resume_steps: tuple[str, ResumePoint] | None = None
 
 
 def _candidates(

@@ -277,6 +277,11 @@ STEPS_OF_INVOCATION = (
     "SELECT seq, kind, status, name, idempotency_key, request, response, error "
     "FROM loops_loopstep WHERE run_id = %s AND invocation = %s ORDER BY seq"
 )
+#: The same columns, of the steps after seq ``%s`` (a resume from a checkpoint).
+STEPS_AFTER = (
+    "SELECT seq, kind, status, name, idempotency_key, request, response, error "
+    "FROM loops_loopstep WHERE run_id = %s AND invocation = %s AND seq > %s ORDER BY seq"
+)
 
 
 #: Whether the run's invocation ``%s`` was started (its ``invocation.started`` event).

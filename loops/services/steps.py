@@ -309,10 +309,13 @@ def steps_of_invocation(run_id: uuid.UUID, invocation: str) -> list[StepRecord]:
     as rows and their JSON decoded here, with no model instances and none of the ORM's
     per-value converters."""
     rows = fetch_all(step_sql.STEPS_OF_INVOCATION, [uuid_param(run_id), invocation])
-    return [
-        StepRecord(seq, kind, status, name, key, _decoded(request), _decoded(response), error)
-        for seq, kind, status, name, key, request, response, error in rows
-    ]
+    return [record_of_row(row) for row in rows]
+
+
+def record_of_row(row: tuple[Any, ...]) -> StepRecord:
+    """A row of ``step_sql.STEPS_OF_INVOCATION``'s columns as the journal returns it."""
+    seq, kind, status, name, key, request, response, error = row
+    return StepRecord(seq, kind, status, name, key, _decoded(request), _decoded(response), error)
 
 
 def _decoded(value: Any) -> Any:

@@ -27,6 +27,7 @@ from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA
 from loops.services import budget_rules, claim_sql
 from loops.services import steps as step_services
 from loops.services.approvals import approvals_open
+from loops.services.checkpoints import resume_point_of
 from loops.services.claims import Claimed
 from loops.services.endings import run_transition
 from loops.services.harness_limits import (
@@ -57,10 +58,10 @@ from runtime.invocation import (
     LeaseLost,
     LoopRole,
     OutcomeKind,
+    ResumePoint,
     RetryLater,
     RoleInvoker,
     RunHalted,
-    StepRecord,
 )
 
 logger = logging.getLogger(__name__)
@@ -337,11 +338,11 @@ def with_resume_steps(claim: Claimed) -> Claimed:
         if following is None:
             return claim
         invocation = following[1]
-        records = step_services.steps_of_invocation(claim.lease.run_id, invocation)
+        point = resume_point_of(claim.lease.run_id, invocation)
     except Exception:
         logger.info("run %s: steps not read with the claim", claim.lease.run_id, exc_info=True)
         return claim
-    return dataclasses.replace(claim, resume_steps=(invocation, records))
+    return dataclasses.replace(claim, resume_steps=(invocation, point))
 
 
 def _plain_workspace_made(run: RunState) -> bool:
@@ -402,7 +403,7 @@ async def _invoke(
     employee: str,
     *,
     resuming: bool = False,
-    steps: list[StepRecord] | None = None,
+    steps: ResumePoint | None = None,
 ) -> InvocationOutcome:
     snapshot = _harness_for(run, role, employee)
     harness = harness_limits_of(snapshot)

@@ -21,10 +21,11 @@ from loops.models import StepStatus
 from loops.services import budget_rules, budgets, step_exact, step_fast, step_records, tool_repeats
 from loops.services import steps as step_services
 from loops.services.approvals import approval_authorize_reviewed
+from loops.services.checkpoints import checkpoint_keep, resume_point_of
 from loops.services.harness_limits import HarnessLimits
 from loops.services.transitions import Lease
 from orchestrator.metrics import STEP_SECONDS
-from runtime.invocation import LoopRole, RecordedCall, StepRecord, ToolCallRefused
+from runtime.invocation import LoopRole, RecordedCall, ResumePoint, StepRecord, ToolCallRefused
 
 T = TypeVar("T")
 
@@ -80,8 +81,9 @@ class DbJournal:
         #: (None: not known; every read is then begun before it runs).
         self._rule: step_records.ReadRule | None = None
         self._calls: dict[str, int] | None = None
-        #: The read of the invocation's steps, begun early (:meth:`read_steps_early`).
-        self._early_steps: asyncio.Future[list[StepRecord]] | None = None
+        #: Where the invocation resumes (its checkpoint and the steps after it), read early
+        #: (:meth:`read_steps_early`) or with the claim (:meth:`steps_read`).
+        self._early_steps: asyncio.Future[ResumePoint] | None = None
 
     async def sub_journal(self, invocation: str) -> DbJournal:
         """The journal of a sub-agent of this invocation (``<name>/sub:<n>``, docs/sub-agents.md):
@@ -100,16 +102,17 @@ class DbJournal:
         return child
 
     def read_steps_early(self) -> None:
-        """Begin reading the invocation's steps now, while its start is counted, so a resumed
-        invocation's replay adds no round trip of its own. Only the lease holder writes a run's
-        steps, and it holds the lease from the claim on, so this reads what :meth:`steps` would;
-        a lost lease fails the start (LeaseLost) before anything read is used."""
-        self._early_steps = asyncio.ensure_future(self._read_steps())
+        """Begin reading where the invocation resumes now, while its start is counted, so a
+        resumed invocation's replay adds no round trip of its own. Only the lease holder writes
+        a run's steps, and it holds the lease from the claim on, so this reads what
+        :meth:`resume_point` would; a lost lease fails the start (LeaseLost) before anything
+        read is used."""
+        self._early_steps = asyncio.ensure_future(self._read_resume_point())
 
-    def steps_read(self, records: list[StepRecord]) -> None:
-        """The invocation's steps, already read (with the claim: ``with_resume_steps``)."""
+    def steps_read(self, point: ResumePoint) -> None:
+        """Where the invocation resumes, already read (with the claim: ``with_resume_steps``)."""
         self._early_steps = asyncio.get_running_loop().create_future()
-        self._early_steps.set_result(records)
+        self._early_steps.set_result(point)
 
     def forget_early_steps(self) -> None:
         """The invocation ended without asking for its steps: drop the early read."""
@@ -210,19 +213,37 @@ class DbJournal:
             done.set_result(None)
 
     async def steps(self) -> list[StepRecord]:
+        early = await self._early()
+        if early is not None and early[0] is None:  # no checkpoint: the read holds every step
+            return early[1]
+        return await self._read_steps()
+
+    async def resume_point(self) -> ResumePoint:
+        early = await self._early()
+        return early if early is not None else await self._read_resume_point()
+
+    async def _early(self) -> ResumePoint | None:
+        """What was read early, once (None: nothing); no steps on a fresh start."""
         await self.flush()
         early, self._early_steps = self._early_steps, None
         if self._fresh:
             self._fresh = False
             if early is not None:
                 abandon(early)
-            return []
-        return await (early if early is not None else self._read_steps())
+            return None, []
+        return await early if early is not None else None
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        await self.flush()
+        await self.driver.db(checkpoint_keep, self.lease, self.invocation, upto_seq, state)
 
     async def _read_steps(self) -> list[StepRecord]:
         return await self.driver.db(
             step_services.steps_of_invocation, self.lease.run_id, self.invocation
         )
+
+    async def _read_resume_point(self) -> ResumePoint:
+        return await self.driver.db(resume_point_of, self.lease.run_id, self.invocation)
 
     async def begin(
         self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""

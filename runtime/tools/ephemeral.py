@@ -31,6 +31,12 @@ class EphemeralJournal:
     async def steps(self) -> list[StepRecord]:
         return list(self.records)
 
+    async def resume_point(self) -> tuple[str | None, list[StepRecord]]:
+        return None, await self.steps()
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        """Nothing resumes from this journal: no checkpoint is kept."""
+
     def _add(
         self,
         kind: str,

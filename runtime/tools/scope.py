@@ -172,6 +172,12 @@ class MeteredJournal:
     async def steps(self) -> list[StepRecord]:
         return await self.inner.steps()
 
+    async def resume_point(self) -> tuple[str | None, list[StepRecord]]:
+        return await self.inner.resume_point()
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        await self.inner.save_checkpoint(upto_seq, state)
+
     async def begin(
         self, *, kind: str, name: str, request: dict[str, Any], idempotency_key: str = ""
     ) -> int:

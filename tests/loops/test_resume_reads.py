@@ -79,7 +79,7 @@ def test_a_resuming_journal_answers_its_steps_from_the_early_read() -> None:
 
     records = run_async(resumed())
     assert [r.seq for r in records] == [1]
-    assert driver.calls == ["steps_of_invocation"], "the steps were read once, early"
+    assert driver.calls == ["resume_point_of"], "the steps were read once, early"
 
 
 def test_a_fresh_invocation_has_no_steps_whatever_the_early_read_found() -> None:
@@ -117,8 +117,8 @@ def test_a_run_claimed_again_comes_with_the_steps_of_the_invocation_it_resumes()
     if again.columns is None:  # SQLite: the claim did not start the run (no columns read)
         assert claimed.resume_steps is None
         return
-    assert claimed.resume_steps == ("leader", steps_of_invocation(run.id, "leader"))
-    assert [r.seq for r in claimed.resume_steps[1]] == [1, 2]
+    assert claimed.resume_steps == ("leader", (None, steps_of_invocation(run.id, "leader")))
+    assert [r.seq for r in claimed.resume_steps[1][1]] == [1, 2]
 
 
 def test_steps_read_with_the_claim_are_the_journals_without_another_read() -> None:
@@ -132,7 +132,7 @@ def test_steps_read_with_the_claim_are_the_journals_without_another_read() -> No
 
     async def resumed() -> list[StepRecord]:
         journal = DbJournal(driver, lease, LoopRole.MAKER, "maker:0")  # type: ignore[arg-type]
-        journal.steps_read(records)
+        journal.steps_read((None, records))
         journal.started(fresh=False, metered=False, steps=1)
         return await journal.steps()
 
@@ -157,3 +157,26 @@ def test_a_claim_whose_steps_cannot_be_read_still_reaches_the_driver() -> None:
         pytest.skip("PostgreSQL's one-statement claim returns the run's columns")
     broken = replace(again, columns={**again.columns, "role_bindings": {}})
     assert with_resume_steps(broken) == broken
+
+
+def test_a_checkpoint_is_kept_by_the_lease_holder_only_and_read_with_the_steps_after_it() -> None:
+    from dataclasses import replace
+
+    from loops.services.checkpoints import checkpoint_keep, resume_point_of
+
+    lease = leased()
+    run = LoopRun.objects.get(pk=lease.run_id)
+    for seq in (1, 2, 3, 4):
+        _step(run, seq, "maker:0", request={"q": seq}, response={"result": seq})
+    _step(run, 5, "leader", request={}, response=None)
+    assert resume_point_of(run.id, "maker:0") == (None, steps_of_invocation(run.id, "maker:0"))
+
+    stale = replace(lease, token=lease.token + 1)
+    assert not checkpoint_keep(stale, "maker:0", 2, '{"v": 1}'), "a lost lease keeps nothing"
+    assert resume_point_of(run.id, "maker:0")[0] is None
+    assert checkpoint_keep(lease, "maker:0", 2, '{"v": 1, "a": "\\u0000"}')
+    assert checkpoint_keep(lease, "maker:0", 3, '{"v": 1, "b": 2}'), "the latest replaces it"
+    state, later = resume_point_of(run.id, "maker:0")
+    assert state == '{"v": 1, "b": 2}'
+    assert [r.seq for r in later] == [4]
+    assert resume_point_of(run.id, "leader") == (None, steps_of_invocation(run.id, "leader"))

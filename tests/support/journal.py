@@ -54,7 +54,20 @@ class MemoryJournal:
     #: ``(seq, refusal)`` of every ``authorize``; "" when the call was allowed to run.
     authorizations: list[tuple[int, str]] = field(default_factory=list)
 
+    #: The latest conversation checkpoint kept (``save_checkpoint``): (upto_seq, state).
+    checkpoint: tuple[int, str] | None = None
+
     # --- the StepJournal protocol -------------------------------------------------------------
+
+    async def resume_point(self) -> tuple[str | None, list[StepRecord]]:
+        steps = await self.steps()
+        if self.checkpoint is None:
+            return None, steps
+        upto, state = self.checkpoint
+        return state, [step for step in steps if step.seq > upto]
+
+    async def save_checkpoint(self, upto_seq: int, state: str) -> None:
+        self.checkpoint = (upto_seq, state)
 
     async def steps(self) -> list[StepRecord]:
         return [
