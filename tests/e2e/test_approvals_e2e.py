@@ -239,3 +239,53 @@ def test_a_worker_killed_while_runs_wait_for_approval_loses_nothing(
         assert events.count("approval.resumed") == 1, events
         assert LoopStep.objects.filter(run_id=run_id, kind="tool", name="write").count() == 1
     assert audit_problems() == []
+
+
+def test_a_long_parked_maker_resumes_from_its_checkpoint_with_its_whole_history(
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    team: Any,
+    model: ModelServer,
+    api_client_for: Any,
+) -> None:
+    """A maker parked after 20 read steps keeps a conversation checkpoint (runtime/checkpoint.py);
+    after the approval a worker resumes from it: the approved write runs once and the model's
+    next request carries every earlier result, in order, as a full replay would."""
+    from loops.models import ConversationCheckpoint
+    from orchestrator.agents.models import Employee
+    from tests.support.approvals import MAKER, role_of
+
+    Employee.objects.filter(username=MAKER).update(max_steps=30)
+    worker = start_worker(workers, tmp_path, "checkpoint", **AGENT)
+    # Two read tools in turn, every call distinct: no repetition rule stops the history.
+    reads = [
+        [["read", {"path": f"missing-{i}.txt"}]] if i % 2 else [["list", {"path": f"d{i}"}]]
+        for i in range(20)
+    ]
+    rounds = [*reads, [list(write_call("long.txt", "after twenty reads"))]]
+    run = run_trigger(pattern=team, actor="operator", inputs={"label": "long", "rounds": rounds})
+    wait_all([run.id], (RunStatus.WAITING_APPROVAL,), worker)
+    [approval] = pending_approvals(run)
+    [checkpoint] = ConversationCheckpoint.objects.filter(run=run)
+    last_model = LoopStep.objects.filter(run=run, kind="model", invocation=checkpoint.invocation)
+    assert checkpoint.upto_seq == last_model.order_by("-seq")[0].seq - 1 < approval.step_seq
+    assert json.loads(checkpoint.state)["model_steps"] == 20
+
+    response = api_client_for("approver").post(
+        f"/api/v1/approvals/{approval.id}/decide", {"decision": "approve"}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    wait_all([run.id], TERMINAL, worker)
+    assert LoopRun.objects.get(pk=run.id).status == RunStatus.SUCCEEDED
+    assert (workspace_path(run.id) / "long.txt").read_text() == "after twenty reads"
+    writes = LoopStep.objects.filter(run=run, kind="tool", name="write")
+    assert [s.status for s in writes] == ["completed"]
+    resumed = [r.body["messages"] for r in model.requests if role_of(r.body["messages"]) == "maker"]
+    tool_results = [m for m in resumed[-1] if m.get("role") == "tool"]
+    assert len(tool_results) == 21  # twenty reads and the write, from checkpoint and journal
+    assert [m["tool_call_id"] for m in tool_results] == [
+        c["id"]
+        for m in resumed[-1]
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+    ]
