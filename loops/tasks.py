@@ -16,6 +16,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 
 from loops.services.approvals import approvals_expire
+from loops.services.checkpoints import checkpoints_prune
 from loops.services.claims import runs_reap
 from loops.services.notifications import deliver_approval_notifications
 from loops.services.retention import events_prune
@@ -65,7 +66,11 @@ def spans_sweep_task() -> None:
 
 @shared_task(name="loops.events_prune", ignore_result=True, time_limit=300, expires=300)
 def events_prune_task() -> None:
-    """Prune the events of runs ended past the retention, a minute of batches at most."""
+    """Prune the events of runs ended past the retention, a minute of batches at most, and
+    drop the conversation checkpoints of ended runs."""
+    dropped = checkpoints_prune()
+    if dropped:
+        logger.info("checkpoints: %d of ended runs dropped", dropped)
     report = events_prune(budget_seconds=60.0)
     if report.runs:
         more = " (more due: the next sweep goes on)" if report.more else ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+from loops import state
+from loops.models import ConversationCheckpoint
 from loops.services.step_sql import FENCE, STEPS_AFTER, fence_params
 from loops.services.steps import record_of_row
 from loops.services.transitions import Lease
@@ -43,3 +45,21 @@ def resume_point_of(run_id: uuid.UUID, invocation: str) -> ResumePoint:
     upto, state = (int(found[0][0]), str(found[0][1])) if found else (0, None)
     rows = fetch_all(STEPS_AFTER, [run, invocation, upto])
     return state, [record_of_row(row) for row in rows]
+
+
+def checkpoints_prune(*, batch: int = 500) -> int:
+    """Drop the checkpoints of ended runs (derived rows no resume reads: an ended run never
+    resumes), ``batch`` rows a transaction; how many were dropped."""
+    ended = [status.value for status in state.TERMINAL]
+    dropped = 0
+    while True:
+        ids = list(
+            ConversationCheckpoint.objects.filter(run__status__in=ended).values_list(
+                "id", flat=True
+            )[:batch]
+        )
+        if ids:
+            ConversationCheckpoint.objects.filter(id__in=ids).delete()
+        dropped += len(ids)
+        if len(ids) < batch:
+            return dropped

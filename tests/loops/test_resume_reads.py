@@ -180,3 +180,16 @@ def test_a_checkpoint_is_kept_by_the_lease_holder_only_and_read_with_the_steps_a
     assert state == '{"v": 1, "b": 2}'
     assert [r.seq for r in later] == [4]
     assert resume_point_of(run.id, "leader") == (None, steps_of_invocation(run.id, "leader"))
+
+
+def test_the_checkpoints_of_ended_runs_are_dropped_and_a_parked_runs_kept() -> None:
+    from loops.models import ConversationCheckpoint, RunStatus
+    from loops.services.checkpoints import checkpoint_keep, checkpoints_prune
+
+    parked, ended = leased(), leased()
+    for lease in (parked, ended):
+        assert checkpoint_keep(lease, "maker:0", 1, '{"v": 1}')
+    LoopRun.objects.filter(pk=ended.run_id).update(status=RunStatus.SUCCEEDED)
+    assert checkpoints_prune(batch=1) == 1
+    assert list(ConversationCheckpoint.objects.values_list("run_id", flat=True)) == [parked.run_id]
+    assert checkpoints_prune() == 0
