@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import immutables
 
-from runtime.dispatch import Phase, replay_settled
 from runtime.history import (
     CORRECTION_NOTICE,
     FINISHED,
@@ -34,9 +33,7 @@ from runtime.history import (
     ModelEntry,
     NoticeEntry,
     read_log,
-    result_images,
-    result_text,
-    step_messages,
+    settled_step,
 )
 from runtime.invocation import StepRecord
 from runtime.model_images import ImageEndpoint
@@ -203,21 +200,14 @@ class _Fold:
             return False
         if entry.calls:
             validated = self.log.validated(entry)
-            if entry.phase is not Phase.NORMAL or len(validated) != len(entry.calls):
-                return False
-            records = [self.log.results[(entry.seq, i)] for i in range(len(entry.calls))]
-            state = replay_settled(
-                [(record.name, validated[i]) for i, record in enumerate(records)],
-                step=entry.seq,
-                state=self.repetition,
-                limits=self.limits,
+            settled = settled_step(
+                self.log, entry, validated, self.repetition, self.limits, self.endpoint
             )
-            if state is None:
+            if settled is None:
                 return False
-            answers = [(result_text(record), result_images(record)) for record in records]
-            self.images = self.images or any(images for _, images in answers)
-            self.repetition = state
-            self.history += [entry.message, *step_messages(entry.calls, answers, self.endpoint)]
+            self.images = self.images or settled.images
+            self.repetition = settled.state
+            self.history += [entry.message, *settled.messages]
         else:
             self.history.append(entry.message)
         self.model_steps += 1

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.dispatch import Phase
+from runtime.dispatch import Phase, replay_settled
 from runtime.invocation import StepRecord
+from runtime.repetition import RepetitionLimits, RepetitionState
 from runtime.tool_images import ImageEndpoint, images_message, not_shown_note
 from runtime.types import ChatResponse, Message, ToolCall
 from runtime.validation import ValidArguments
@@ -253,3 +254,44 @@ def read_log(steps: list[StepRecord], key_for: Callable[[int, int], str]) -> Log
             if record.status in FINISHED and isinstance(record.response, dict):
                 log.files_written.update(record.response.get("files_written") or ())
     return log
+
+
+# --- a settled step folded without planning --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettledStep:
+    """What folding a settled step adds: the repetition state after its calls, and the tool
+    messages (and images message) that follow its assistant message."""
+
+    state: RepetitionState
+    messages: list[Message]
+    images: bool
+
+
+def settled_step(
+    log: Log,
+    entry: ModelEntry,
+    validated: dict[int, ValidArguments],
+    state: RepetitionState,
+    limits: RepetitionLimits,
+    endpoint: ImageEndpoint,
+) -> SettledStep | None:
+    """``entry`` folded from its results (``validated``: ``log.validated(entry)``), for an
+    earlier step whose every call ran with its validated arguments (a resume's history, a
+    checkpoint); None when it is not such a step (the caller then plans it in full)."""
+    if entry.phase is not Phase.NORMAL or len(validated) != len(entry.calls):
+        return None
+    # Every call is validated, so every call has its finished result.
+    records = [log.results[(entry.seq, index)] for index in range(len(entry.calls))]
+    after = replay_settled(
+        [(record.name, validated[index]) for index, record in enumerate(records)],
+        step=entry.seq,
+        state=state,
+        limits=limits,
+    )
+    if after is None:
+        return None
+    answers = [(result_text(record), result_images(record)) for record in records]
+    messages = step_messages(entry.calls, answers, endpoint)
+    return SettledStep(after, messages, any(images for _, images in answers))

@@ -33,7 +33,7 @@ from runtime.compaction import (
     judge_overflow,
     message_tokens,
 )
-from runtime.dispatch import Phase, Toolset, plan_step, replay_settled, split_client_calls
+from runtime.dispatch import Phase, Toolset, plan_step, split_client_calls
 from runtime.execution import StepExecutor
 from runtime.history import (
     CORRECTION_NOTICE,
@@ -44,8 +44,7 @@ from runtime.history import (
     assistant_message,
     calls_of,
     read_log,
-    result_images,
-    result_text,
+    settled_step,
     step_messages,
 )
 from runtime.invocation import (
@@ -570,21 +569,18 @@ class _Stepper:
     def _replay_settled(self, entry: ModelEntry, validated: dict[int, ValidArguments]) -> bool:
         """Fold an earlier step whose every call ran and has its result (a resume's history)
         without planning it again; False when it is not such a step."""
-        if entry.phase is not Phase.NORMAL or len(validated) != len(entry.calls):
-            return False
-        # Every call is validated, so every call has its finished result.
-        records = [self.log.results[(entry.seq, index)] for index in range(len(entry.calls))]
-        state = replay_settled(
-            [(record.name, validated[index]) for index, record in enumerate(records)],
-            step=entry.seq,
-            state=self.conversation.repetition,
-            limits=self.run.settings.repetition,
+        settled = settled_step(
+            self.log,
+            entry,
+            validated,
+            self.conversation.repetition,
+            self.run.settings.repetition,
+            self.run.owner,
         )
-        if state is None:
+        if settled is None:
             return False
-        self.conversation.repetition = state
-        answers = [(result_text(record), result_images(record)) for record in records]
-        self.conversation.history += step_messages(entry.calls, answers, self.run.owner)
+        self.conversation.repetition = settled.state
+        self.conversation.history += settled.messages
         return True
 
     async def _conclude(self, entry: ModelEntry) -> InvocationOutcome | None:
