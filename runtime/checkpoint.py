@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,11 +36,12 @@ from runtime.history import (
     read_log,
     settled_step,
 )
-from runtime.invocation import StepRecord
+from runtime.invocation import StepJournal, StepRecord
 from runtime.model_images import ImageEndpoint
 from runtime.repetition import RepetitionLimits, RepetitionState
 from runtime.types import Message
 
+logger = logging.getLogger(__name__)
 #: Below this many entries before the last a checkpoint saves less than it costs to write.
 MIN_ENTRIES = 16
 VERSION = 1
@@ -98,6 +100,33 @@ class Checkpoint:
             ensure_ascii=False,
             separators=(",", ":"),
         )
+
+
+async def resume_steps(
+    journal: StepJournal, limits: RepetitionLimits, endpoint: ImageEndpoint
+) -> tuple[list[StepRecord], Checkpoint | None]:
+    """The steps a resume replays and the checkpoint they follow (None: every step)."""
+    state, records = await journal.resume_point()
+    checkpoint = from_json(state) if state is not None else None
+    if checkpoint is not None and not checkpoint.fits(records, limits, endpoint):
+        checkpoint = None
+    if state is not None and checkpoint is None:  # not one to start from: every step
+        records = await journal.steps()
+    return records, checkpoint
+
+
+async def keep_checkpoint(
+    journal: StepJournal, limits: RepetitionLimits, endpoint: ImageEndpoint
+) -> None:
+    """A parked invocation's settled history, folded once from its persisted steps and kept
+    for the next resume; best effort (a resume without it replays every step)."""
+    try:
+        key_for = journal.idempotency_key
+        found = checkpoint_of(await journal.steps(), key_for, limits=limits, endpoint=endpoint)
+        if found is not None:
+            await journal.save_checkpoint(found.upto_seq, found.to_json())
+    except Exception:
+        logger.warning("the conversation checkpoint was not kept", exc_info=True)
 
 
 def from_json(text: str) -> Checkpoint | None:

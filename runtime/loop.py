@@ -15,14 +15,12 @@ same idempotency key. See ``docs/tool-loop.md``.
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runtime import prompts
-from runtime.checkpoint import MIN_ENTRIES, Checkpoint, checkpoint_of, from_json
+from runtime.checkpoint import MIN_ENTRIES, keep_checkpoint, resume_steps
 from runtime.compaction import (
     FORCED_KEEP_RECENT_GROUPS,
     KEEP_RECENT_GROUPS,
@@ -33,6 +31,7 @@ from runtime.compaction import (
     judge_overflow,
     message_tokens,
 )
+from runtime.conversation import Conversation
 from runtime.dispatch import Phase, Toolset, plan_step, split_client_calls
 from runtime.execution import StepExecutor
 from runtime.history import (
@@ -61,7 +60,6 @@ from runtime.model_images import ImagesRefused, refuse_images
 from runtime.output_format import OutputFormat
 from runtime.policy import ToolPolicy, without_workdir_tools
 from runtime.prompt_template import PromptTemplateError
-from runtime.repetition import RepetitionState
 from runtime.tools.base import Invocation
 from runtime.tools.registry import ToolRegistry, tool_schema
 from runtime.types import (
@@ -85,7 +83,6 @@ PromptProvider = Callable[[InvocationRequest], str | Awaitable[str]]
 BoundTools = Collection[str] | Callable[[InvocationRequest], Collection[str]]
 """The tools the invocation's employee binds (or, per invocation, a function giving them)."""
 
-logger = logging.getLogger(__name__)
 DEFAULT_SETTINGS = LoopSettings()
 #: ``LoopSettings`` and the harness step cap live in ``runtime.loop_settings``; imported from here.
 __all__ = ["RECURSION_LIMIT", "LoopSettings", "ToolLoopInvoker", "harness_step_cap"]
@@ -95,44 +92,6 @@ async def _resolve(value: T | Awaitable[T]) -> T:
     if inspect.isawaitable(value):
         return await value
     return value
-
-
-@dataclass
-class Conversation:
-    """The invocation's state, rebuilt from the journal and advanced step by step."""
-
-    prompt: list[Message]
-    budget_tokens: int
-    history: list[Message] = field(default_factory=list)
-    model_steps: int = 0
-    repetition: RepetitionState = field(default_factory=RepetitionState)
-    #: The next model step is the final, tool-less one.
-    finalize: bool = False
-    corrections: int = 0
-    #: A correction of the last answer was asked for and is still to come.
-    correcting: bool = False
-    #: Running token estimate of the prompt and the first ``counted`` history messages, so a
-    #: step adds its new messages instead of re-estimating the whole conversation.
-    counted: int = 0
-    counted_tokens: int = -1
-
-    def tokens(self) -> int:
-        """Compaction's estimate of prompt + history (messages are appended, never changed)."""
-        if self.counted_tokens < 0:
-            self.counted_tokens = sum(message_tokens(m) for m in self.prompt)
-        for message in self.history[self.counted :]:
-            self.counted_tokens += message_tokens(message)
-        self.counted = len(self.history)
-        return self.counted_tokens
-
-    def next_phase(self, max_steps: int) -> Phase:
-        if self.correcting:
-            return Phase.CORRECTION
-        if self.finalize or self.model_steps >= max_steps:
-            return Phase.FINAL
-        if self.model_steps == max_steps - 1:
-            return Phase.LAST
-        return Phase.NORMAL
 
 
 class ToolLoopInvoker(NothingToPrepare):
@@ -242,41 +201,14 @@ class _Invocation:
 
     async def drive(self) -> InvocationOutcome:
         outcome = await self._drive()
-        if outcome.kind == OutcomeKind.NEEDS_APPROVAL:
-            await self._keep_checkpoint()
+        steps = self.conversation.model_steps if self.conversation else 0
+        if outcome.kind == OutcomeKind.NEEDS_APPROVAL and steps > MIN_ENTRIES:
+            await keep_checkpoint(self.journal, self.settings.repetition, self.owner)
         return outcome
 
-    async def _read_journal(self) -> tuple[Log, Checkpoint | None]:
-        """The log to replay, and the checkpoint it continues (None: from the first step)."""
-        state, records = await self.journal.resume_point()
-        checkpoint = from_json(state) if state is not None else None
-        if checkpoint is not None and not checkpoint.fits(
-            records, self.settings.repetition, self.owner
-        ):
-            checkpoint = None
-        if state is not None and checkpoint is None:  # not one to start from: every step
-            records = await self.journal.steps()
-        return read_log(records, self.journal.idempotency_key), checkpoint
-
-    async def _keep_checkpoint(self) -> None:
-        """A parked invocation's settled history, folded once from the persisted steps, so its
-        resume replays only what follows (``runtime.checkpoint``); best effort."""
-        if self.conversation is None or self.conversation.model_steps <= MIN_ENTRIES:
-            return  # too short for a checkpoint to pay (checkpoint_of would find none)
-        try:
-            checkpoint = checkpoint_of(
-                await self.journal.steps(),
-                self.journal.idempotency_key,
-                limits=self.settings.repetition,
-                endpoint=self.owner,
-            )
-            if checkpoint is not None:
-                await self.journal.save_checkpoint(checkpoint.upto_seq, checkpoint.to_json())
-        except Exception:  # a resume without it replays every step
-            logger.warning("the conversation checkpoint was not kept", exc_info=True)
-
     async def _drive(self) -> InvocationOutcome:
-        log, checkpoint = await self._read_journal()
+        records, checkpoint = await resume_steps(self.journal, self.settings.repetition, self.owner)
+        log = read_log(records, self.journal.idempotency_key)
         budget = self.settings.context_budget_tokens
         if checkpoint is not None:
             prompt, history = checkpoint.prompt, list(checkpoint.history)
