@@ -27,14 +27,15 @@ from dataclasses import dataclass
 
 import immutables
 
+from runtime.conversation import Conversation
 from runtime.history import (
-    CORRECTION_NOTICE,
-    FINISHED,
     Log,
     ModelEntry,
     NoticeEntry,
+    files_written_by,
     read_log,
     settled_step,
+    smallest_budget,
 )
 from runtime.invocation import StepJournal, StepRecord
 from runtime.model_images import ImageEndpoint
@@ -174,7 +175,7 @@ def checkpoint_of(
     prompt = log.prompt
     if prompt is None:
         return None
-    fold = _Fold(log, limits, endpoint)
+    fold = _Fold(log, prompt, limits, endpoint)
     covered = 0
     for entry in log.entries[:-1]:
         if not fold.add(entry):
@@ -185,21 +186,17 @@ def checkpoint_of(
     upto = log.entries[covered].seq - 1
     if not all(_after(record, upto) for record in steps if record.seq > upto):
         return None
-    files: set[str] = set()
-    for record in steps:
-        finished = record.kind == "tool" and record.status in FINISHED
-        if record.seq <= upto and finished and isinstance(record.response, dict):
-            files.update(record.response.get("files_written") or ())
-    budgets = [e.request.get("budget_tokens") for e in log.model_entries if e.seq <= upto]
+    files = {name for record in steps if record.seq <= upto for name in files_written_by(record)}
+    folded = fold.conversation
     return Checkpoint(
         upto_seq=upto,
         prompt=list(prompt),
-        history=fold.history,
-        model_steps=fold.model_steps,
-        repetition=fold.repetition,
-        corrections=fold.corrections,
-        correcting=fold.correcting,
-        budget_tokens=min((b for b in budgets if isinstance(b, int)), default=None),
+        history=folded.history,
+        model_steps=folded.model_steps,
+        repetition=folded.repetition,
+        corrections=folded.corrections,
+        correcting=folded.correcting,
+        budget_tokens=smallest_budget([e for e in log.model_entries if e.seq <= upto]),
         files_written=frozenset(files),
         limits=dataclasses.asdict(limits),
         images_for=_endpoint_key(endpoint) if fold.images else None,
@@ -211,36 +208,37 @@ class _Fold:
     planning (a notice, an answer that is not the last entry, a settled step whose calls all
     ran); :meth:`add` returns False, folding nothing, for any other entry."""
 
-    def __init__(self, log: Log, limits: RepetitionLimits, endpoint: ImageEndpoint) -> None:
+    def __init__(
+        self,
+        log: Log,
+        prompt: list[Message],
+        limits: RepetitionLimits,
+        endpoint: ImageEndpoint,
+    ) -> None:
         self.log, self.limits, self.endpoint = log, limits, endpoint
-        self.history: list[Message] = []
-        self.model_steps = self.corrections = 0
-        self.correcting = self.images = False
-        self.repetition = RepetitionState()
+        # The budget is not folded here (``smallest_budget`` of the covered steps is).
+        self.conversation = Conversation(prompt=prompt, budget_tokens=0)
+        self.images = False
 
     def add(self, entry: ModelEntry | NoticeEntry) -> bool:
+        conversation = self.conversation
         if isinstance(entry, NoticeEntry):
-            self.history.append(entry.message)
-            if entry.name == CORRECTION_NOTICE:
-                self.corrections += 1
-                self.correcting = True
+            conversation.add_notice(entry.name, entry.message)
             return True
         if entry.client_calls:
             return False
+        settled = None
         if entry.calls:
             validated = self.log.validated(entry)
-            settled = settled_step(
-                self.log, entry, validated, self.repetition, self.limits, self.endpoint
-            )
+            state = conversation.repetition
+            settled = settled_step(self.log, entry, validated, state, self.limits, self.endpoint)
             if settled is None:
                 return False
+        conversation.add_model_message(entry.message)
+        if settled is not None:
             self.images = self.images or settled.images
-            self.repetition = settled.state
-            self.history += [entry.message, *settled.messages]
-        else:
-            self.history.append(entry.message)
-        self.model_steps += 1
-        self.correcting = False
+            conversation.repetition = settled.state
+            conversation.history += settled.messages
         return True
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from runtime.compaction import message_tokens
 from runtime.dispatch import Phase
+from runtime.history import CORRECTION_NOTICE
 from runtime.repetition import RepetitionState
 from runtime.types import Message
 
@@ -38,6 +39,19 @@ class Conversation:
             self.counted_tokens += message_tokens(message)
         self.counted = len(self.history)
         return self.counted_tokens
+
+    def add_notice(self, name: str, message: Message) -> None:
+        """A message the loop added (a correction request opens a correction)."""
+        self.history.append(message)
+        if name == CORRECTION_NOTICE:
+            self.corrections += 1
+            self.correcting = True
+
+    def add_model_message(self, message: Message) -> None:
+        """A model step's assistant message (its tool results follow it)."""
+        self.model_steps += 1
+        self.correcting = False
+        self.history.append(message)
 
     def next_phase(self, max_steps: int) -> Phase:
         if self.correcting:

@@ -81,8 +81,7 @@ class Log:
     @property
     def budget_tokens(self) -> int | None:
         """The smallest context budget a step used (a forced compaction lowers it for good)."""
-        budgets = [e.request.get("budget_tokens") for e in self.model_entries]
-        return min((b for b in budgets if isinstance(b, int)), default=None)
+        return smallest_budget(self.model_entries)
 
     def result(self, model_seq: int, index: int) -> StepRecord | None:
         return self.results.get((model_seq, index))
@@ -251,9 +250,22 @@ def read_log(steps: list[StepRecord], key_for: Callable[[int, int], str]) -> Log
             slot = _slot_of(record, keys)
             if slot:
                 log.results[slot] = record
-            if record.status in FINISHED and isinstance(record.response, dict):
-                log.files_written.update(record.response.get("files_written") or ())
+            log.files_written.update(files_written_by(record))
     return log
+
+
+def smallest_budget(entries: list[ModelEntry]) -> int | None:
+    """The smallest context budget ``entries`` recorded (None: none recorded one)."""
+    budgets = [entry.request.get("budget_tokens") for entry in entries]
+    return min((b for b in budgets if isinstance(b, int)), default=None)
+
+
+def files_written_by(record: StepRecord) -> list[str]:
+    """The workspace files a finished tool step says it wrote."""
+    if record.kind != "tool" or record.status not in FINISHED:
+        return []
+    response = record.response if isinstance(record.response, dict) else {}
+    return list(response.get("files_written") or ())
 
 
 # --- a settled step folded without planning --------------------------------------------------

@@ -460,14 +460,9 @@ class _Stepper:
         """Fold one step into the conversation; an outcome ends the invocation."""
         conversation = self.conversation
         if isinstance(entry, NoticeEntry):
-            conversation.history.append(entry.message)
-            if entry.name == CORRECTION_NOTICE:
-                conversation.corrections += 1
-                conversation.correcting = True
+            conversation.add_notice(entry.name, entry.message)
             return None
-        conversation.model_steps += 1
-        conversation.correcting = False
-        conversation.history.append(entry.message)
+        conversation.add_model_message(entry.message)
         if not entry.calls and not entry.client_calls:
             # A final answer; one that was followed by a correction request is history.
             return await self._conclude(entry) if is_last else None
