@@ -8,7 +8,7 @@ import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -16,6 +16,7 @@ from loops.models import ActionApproval, ApprovalStatus
 from loops.serializers import ApprovalSerializer, DecideSerializer
 from loops.services.approvals import approval_check_decider, approval_decide
 from orchestrator.accounts.permissions import IsViewer
+from orchestrator.accounts.roles import Role, has_role
 
 
 class ApprovalFilter(django_filters.FilterSet):
@@ -40,11 +41,14 @@ class ApprovalViewSet(
     filterset_class = ApprovalFilter
 
     def get_object(self) -> ActionApproval:
+        self._approval_id()
+        return super().get_object()
+
+    def _approval_id(self) -> uuid.UUID:
         try:
-            uuid.UUID(str(self.kwargs.get("pk")))
+            return uuid.UUID(str(self.kwargs.get("pk")))
         except ValueError as exc:
             raise ValidationError({"id": ["Not a valid approval id (a UUID)."]}) from exc
-        return super().get_object()
 
     @extend_schema(
         request=DecideSerializer,
@@ -64,18 +68,22 @@ class ApprovalViewSet(
     )
     @action(detail=True, methods=["post"])
     def decide(self, request: Request, pk: str | None = None) -> Response:
-        approval = self.get_object()
-        approval_check_decider(approval=approval, user=request.user)
+        if not has_role(request.user, Role.APPROVER):
+            # Maybe one of the run's listed approvers: answered before the body is read.
+            approval_check_decider(approval=self.get_object(), user=request.user)
+        approval_id = self._approval_id()
         body = DecideSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        decided = approval_decide(
-            approval_id=approval.id,
-            user=request.user,
-            decision=body.validated_data["decision"],
-            input=body.validated_data["input"],
-            reason=body.validated_data["reason"],
-            answer=body.validated_data["answer"],
-            review=body.validated_data["review"],
-            run_id=approval.run_id,
-        )
+        try:
+            decided = approval_decide(
+                approval_id=approval_id,
+                user=request.user,
+                decision=body.validated_data["decision"],
+                input=body.validated_data["input"],
+                reason=body.validated_data["reason"],
+                answer=body.validated_data["answer"],
+                review=body.validated_data["review"],
+            )
+        except ActionApproval.DoesNotExist as exc:
+            raise NotFound(f"No approval {approval_id}.") from exc
         return Response(ApprovalSerializer(decided).data)

@@ -17,8 +17,6 @@ may ask again: each question is a new approval of the same step (one pending at 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from harness.planner import plan_tools
+from loops import db
 from loops.models import (
     ActionApproval,
     ApprovalKind,
@@ -36,46 +34,24 @@ from loops.models import (
     RunStatus,
     StepStatus,
 )
-from loops.services.approval_reviews import (
-    approval_forms,
-    review_checked,
-    review_text,
-    schema_errors,
+from loops.services.approval_decisions import (
+    DECIDED_FIELDS,
+    DecisionAsked,
+    NotAnApprover,
+    canonical_hash,
+    decided,
+    may_decide,
+    policy_version,
+    role_snapshot,
+    step_rewritten,
 )
+from loops.services.approval_fast import approval_decide_batched
+from loops.services.approval_reviews import approval_forms, review_text
 from loops.services.notifications import notify_approvals
 from loops.services.transitions import Lease, fenced_touch, run_event_append, run_transition
-from orchestrator.accounts.roles import Role, has_role
-from orchestrator.errors import Conflict, DomainError, InvalidInput
+from orchestrator.errors import Conflict
 from runtime.run_cancellation import calls_abandoned
-from runtime.tools.base import APPROVAL_KEY_MARK, call_key
-from runtime.tools.specs import tool_spec
-
-#: The longest answer a person may give to a call's question.
-MAX_ANSWER_CHARS = 10_000
-
-
-class NotAnApprover(DomainError):
-    status_code = 403
-    problem_type = "forbidden"
-    title = "Forbidden"
-
-
-def canonical_hash(*parts: Any) -> str:
-    """SHA-256 of the canonical JSON of ``parts`` (sorted keys, no whitespace)."""
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _role_snapshot(run: LoopRun, role: str, employee: str) -> dict[str, Any]:
-    snaps = run.harness_snapshots or {}
-    if role == "maker":
-        return dict((snaps.get("makers") or {}).get(employee) or {})
-    return dict(snaps.get(role) or {})
-
-
-def _policy_version(snapshot: dict[str, Any]) -> str:
-    profile = snapshot.get("profile") or {}
-    return f"{profile.get('tag', '?')}@{profile.get('version', '?')}"
+from runtime.tools.base import APPROVAL_KEY_MARK
 
 
 def approvals_open(
@@ -83,7 +59,7 @@ def approvals_open(
 ) -> list[ActionApproval]:
     """Open one approval per gated call (idempotent). Call inside the parking transaction."""
     run = LoopRun.objects.get(pk=lease.run_id)
-    snapshot = _role_snapshot(run, role, employee)
+    snapshot = role_snapshot(run, role, employee)
     timeout = (run.policy_snapshot.get("approvals") or {}).get("timeoutSeconds")
     expires_at = timezone.now() + timedelta(seconds=timeout) if timeout else None
     opened = []
@@ -109,9 +85,9 @@ def approvals_open(
                 review_schema=review_schema,
                 reason=call.get("reason", ""),
                 proposal_hash=canonical_hash(
-                    call["tool"], arguments, str(run.id), seq, _policy_version(snapshot)
+                    call["tool"], arguments, str(run.id), seq, policy_version(snapshot)
                 ),
-                policy_version=_policy_version(snapshot),
+                policy_version=policy_version(snapshot),
                 expires_at=expires_at,
             )
         )
@@ -120,83 +96,20 @@ def approvals_open(
     return opened
 
 
-def _may_decide(user: Any, run: LoopRun) -> bool:
-    if has_role(user, Role.APPROVER):
-        return True
-    approvers = (run.policy_snapshot.get("approvals") or {}).get("approvers") or []
-    return bool(getattr(user, "is_authenticated", False)) and user.username in approvers
-
-
-def _checked_input(approval: ActionApproval, run: LoopRun, edited: Any) -> dict[str, Any]:
-    """The arguments that will run: validated against the tool's schema and re-checked
-    against the run's harness snapshot (a denied tool can never be approved into running)."""
-    spec = tool_spec(approval.tool_name)
-    if spec is None:
-        raise Conflict(f"Tool {approval.tool_name!r} no longer exists; it cannot be approved.")
-    arguments = approval.arguments if edited is None else edited
-    if not isinstance(arguments, dict):
-        raise InvalidInput(
-            "input must be a JSON object of tool arguments.",
-            errors=[{"pointer": "/input", "detail": "must be an object", "code": "type"}],
-        )
-    errors = schema_errors(spec.parameters, arguments, "/input")
-    if errors:
-        raise InvalidInput(
-            f"The edited input does not fit {approval.tool_name}: {errors[0]['detail']}",
-            errors=errors,
-        )
-    settings = _role_snapshot(run, approval.role, approval.employee_username).get("settings")
-    decision = plan_tools(settings, [spec]).decision(spec.name) if settings else "deny"
-    if approval.role == "leader" and spec.effect != "read":
-        decision = "deny"
-    if decision == "deny":
-        raise Conflict(f"The run's policy denies {approval.tool_name!r}; it cannot be approved.")
-    return arguments
-
-
 def _latest(run_id: uuid.UUID, seq: int) -> Any:
     """The approvals of step ``seq``, newest first (a call that asked again has several)."""
     return ActionApproval.objects.filter(run_id=run_id, step_seq=seq).order_by("-created_at")
-
-
-def _checked_answer(approval: ActionApproval, answer: Any) -> str:
-    if approval.kind != ApprovalKind.INPUT:
-        raise InvalidInput(
-            "answer is only for a question a call asked; approve or reject this call.",
-            errors=[{"pointer": "/answer", "detail": "not a question", "code": "invalid"}],
-        )
-    if not isinstance(answer, str) or not answer.strip():
-        raise InvalidInput(
-            "answer must be the non-empty text that answers the question.",
-            errors=[{"pointer": "/answer", "detail": "required", "code": "required"}],
-        )
-    if len(answer) > MAX_ANSWER_CHARS:
-        raise InvalidInput(
-            f"answer is longer than {MAX_ANSWER_CHARS} characters.",
-            errors=[{"pointer": "/answer", "detail": "too long", "code": "max_length"}],
-        )
-    return answer
 
 
 def _rewrite_step(
     approval: ActionApproval, *, arguments: dict[str, Any] | None, content: str
 ) -> None:
     step = LoopStep.objects.select_for_update().get(run_id=approval.run_id, seq=approval.step_seq)
-    if step.status != StepStatus.GATED:
-        raise Conflict(f"The gated call is already '{step.status}'.")
-    if arguments is not None:
-        step.status = StepStatus.APPROVED
-        step.request = {**step.request, "arguments": arguments, "approval_id": str(approval.id)}
-        if approval.kind == ApprovalKind.INPUT:
-            step.request["answer"] = approval.answer
-        # The call's own key with this approval: the latest decision binds what runs.
-        step.idempotency_key = f"{call_key(step.idempotency_key)}{APPROVAL_KEY_MARK}{approval.id}"
-        step.save(update_fields=["status", "request", "idempotency_key"])
-        return
-    step.status = StepStatus.COMPLETED
-    step.response = {"content": content, "decision": approval.status}
-    step.finished_at = timezone.now()
-    step.save(update_fields=["status", "response", "finished_at"])
+    row = {"status": step.status, "request": step.request, "idempotency_key": step.idempotency_key}
+    fields = step_rewritten(row, approval, arguments=arguments, content=content, now=timezone.now())
+    for name, value in fields.items():
+        setattr(step, name, value)
+    step.save(update_fields=list(fields))
 
 
 def _resume_if_settled(run: LoopRun, actor: str) -> None:
@@ -230,11 +143,10 @@ def approval_check_decider(*, approval: ActionApproval, user: Any) -> None:
     """Raise NotAnApprover unless ``user`` may decide this approval (no lock, no write): the
     view asks before it reads the body, so who may act is answered before what was sent.
     ``approval_decide`` asks again under the run's lock."""
-    if not _may_decide(user, approval.run):
+    if not may_decide(user, approval.run):
         raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
 
 
-@transaction.atomic
 def approval_decide(
     *,
     approval_id: uuid.UUID,
@@ -247,75 +159,32 @@ def approval_decide(
     run_id: uuid.UUID | None = None,
 ) -> ActionApproval:
     """Approve (optionally with edited input), answer (a call's question) or reject, once; with
-    the review its schema asks for (``approval_reviews``), which the model is then told."""
+    the review its schema asks for (``approval_reviews``), which the model is then told.
+    ActionApproval.DoesNotExist for an unknown ``approval_id``.
+
+    On PostgreSQL the decision is two round trips (``approval_fast``); the exact path writes
+    the same rows statement by statement (a run in a wait or held by a worker takes it)."""
+    asked = DecisionAsked(decision, input, reason, answer, review)
+    if db.batches_are_sent_together():
+        try:
+            return approval_decide_batched(approval_id, user, asked)
+        except db.NotPlain:
+            pass
+    return _decide_exact(approval_id, user, asked, run_id)
+
+
+@transaction.atomic
+def _decide_exact(
+    approval_id: uuid.UUID, user: Any, asked: DecisionAsked, run_id: uuid.UUID | None
+) -> ActionApproval:
     approval, run = _lock(approval_id, run_id)
-    if not _may_decide(user, run):
-        raise NotAnApprover("Only approvers (or the pattern's listed approvers) may decide.")
-    if approval.status != ApprovalStatus.PENDING:
-        raise Conflict(
-            f"This approval was already decided: {approval.status}.", current_status=approval.status
-        )
-    if run.status != RunStatus.WAITING_APPROVAL:
-        raise Conflict(
-            f"The run is '{run.status}', not waiting for approval.", current_status=run.status
-        )
-    actor = user.username
-    approval.review = review_checked(approval, review)
-    final: dict[str, Any] | None = None
-    if approval.kind == ApprovalKind.INPUT and decision == "approve":
-        raise InvalidInput(
-            "This is a question the call asked: answer it (decision 'answer' with an answer) "
-            "or reject it.",
-            errors=[{"pointer": "/decision", "detail": "answer or reject", "code": "invalid"}],
-        )
-    if decision == "answer":
-        approval.answer = _checked_answer(approval, answer)
-        final = _checked_input(approval, run, None)
-        approval.status = ApprovalStatus.APPROVED
-        approval.approved_hash = canonical_hash(
-            approval.tool_name, final, str(run.id), approval.step_seq, approval.policy_version
-        )
-    elif decision == "approve":
-        final = _checked_input(approval, run, input)
-        approval.status = ApprovalStatus.APPROVED
-        approval.decided_input = input if input is not None else None
-        approval.approved_hash = canonical_hash(
-            approval.tool_name, final, str(run.id), approval.step_seq, approval.policy_version
-        )
-    else:
-        approval.status = ApprovalStatus.REJECTED
-    approval.decided_by, approval.decided_at, approval.decision_reason = (
-        actor,
-        timezone.now(),
-        reason,
-    )
-    approval.save()
-    rejected = (
-        f"Rejected by {actor}" + (f": {reason}" if reason else "") + ". The call was not executed."
-    )
-    if approval.kind == ApprovalKind.INPUT:
-        rejected = (
-            f"{actor} declined to answer the question ({approval.reason})"
-            + (f": {reason}" if reason else "")
-            + ". The call stopped there, unanswered."
-        )
-    if approval.review is not None:
-        rejected = f"{rejected}\n{review_text(approval)}"
-    _rewrite_step(approval, arguments=final, content=rejected)
+    outcome = decided(approval, run, user, asked)
+    approval.save(update_fields=DECIDED_FIELDS)
+    _rewrite_step(approval, arguments=outcome.final, content=outcome.rejection)
     run_event_append(
-        run_id=run.id,
-        type=f"approval.{approval.status}",
-        actor=actor,
-        data={
-            "approval": str(approval.id),
-            "tool": approval.tool_name,
-            "edited": input is not None,
-            "reviewed": approval.review is not None,
-            "reason": reason,
-            "kind": approval.kind,
-        },
+        run_id=run.id, type=outcome.event_type, actor=user.username, data=outcome.event_data
     )
-    _resume_if_settled(run, actor)
+    _resume_if_settled(run, user.username)
     return approval
 
 
@@ -384,15 +253,15 @@ def _execution_refusal(
         return f"its approval is {approval.status}, not approved."
     step = LoopStep.objects.get(run_id=run_id, seq=seq)
     run = LoopRun.objects.only("harness_snapshots").get(pk=run_id)
-    snapshot = _role_snapshot(run, approval.role, approval.employee_username)
+    snapshot = role_snapshot(run, approval.role, approval.employee_username)
     if step.status != StepStatus.APPROVED or not step.idempotency_key.endswith(
         f"{APPROVAL_KEY_MARK}{approval.id}"
     ):
         return f"the step is '{step.status}' and not bound to approval {approval.id}."
     if name != approval.tool_name:
         return f"the tool {name!r} is not the approved {approval.tool_name!r}."
-    if _policy_version(snapshot) != approval.policy_version:
-        return f"the run's policy is {_policy_version(snapshot)}, not {approval.policy_version}."
+    if policy_version(snapshot) != approval.policy_version:
+        return f"the run's policy is {policy_version(snapshot)}, not {approval.policy_version}."
     digest = canonical_hash(name, arguments, str(run_id), seq, approval.policy_version)
     if digest != approval.approved_hash:
         return "its arguments differ from the approved ones."

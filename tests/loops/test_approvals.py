@@ -6,11 +6,13 @@ approvers decide; timeouts; notifications.
 
 Runs are parked by the real engine (``drive_run``) and tool loop in this process, with the
 production role policy and builtin file tools, and a scripted model (``tests.support.approvals``).
-Decisions go through the HTTP API as the personas of ``tests/conftest.py``.
+Decisions go through the HTTP API as the personas of ``tests/conftest.py``, on both paths of the
+decision's write (``tests.support.write_paths``: batched on PostgreSQL, or statement by statement).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -20,17 +22,22 @@ from urllib.parse import urlparse
 
 import pytest
 import time_machine
+from django.apps import apps as django_apps
 from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 from django.urls import Resolver404, resolve
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from loops import db
 from loops.models import ActionApproval, LoopEvent, LoopPattern, LoopRun, LoopStep, RunStatus
-from loops.services.approvals import approvals_expire, approvals_open, canonical_hash
+from loops.services.approval_decisions import canonical_hash
+from loops.services.approvals import approvals_expire, approvals_open
 from loops.services.notifications import deliver_approval_notifications
 from loops.services.transitions import Lease
 from loops.services.workspaces import workspace_path
+from orchestrator.sql import is_postgres
 from tests.support.approvals import (
     MAKER,
     Engine,
@@ -44,13 +51,17 @@ from tests.support.approvals import (
     webhook_receiver,
     write_call,
 )
+from tests.support.write_paths import FAST, both_write_paths
 
 pytestmark = pytest.mark.django_db
 TIMED_OUT = "The approval request timed out before anyone decided; the call was not executed."
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Engine:
+def engine(tmp_path: Path, db: None) -> Engine:
+    """The engine, with the seed migration's harness profiles (a transactional test's flush
+    deletes them; the seed is idempotent)."""
+    importlib.import_module("harness.migrations.0002_seed_profiles").seed(django_apps, None)
     return Engine(tmp_path / "ledger")
 
 
@@ -142,13 +153,17 @@ def test_a_gated_write_parks_the_run_and_opens_an_approval_bound_to_the_call(
 # --- deciding ----------------------------------------------------------------------------------
 
 
+@both_write_paths
 def test_approving_requeues_the_run_and_runs_the_call_once_under_the_approval_key(
-    engine: Engine, pattern: LoopPattern, approver: APIClient
+    engine: Engine, pattern: LoopPattern, approver: APIClient, write_path: str
 ) -> None:
     run = park_inline(engine, pattern, [write_call("notes.txt", "hello")])
     [approval] = pending_approvals(run)
+    before = db.round_trips()
     response = decide(approver, approval, reason="looks right")
     assert response.status_code == 200, response.content
+    # The batched path's two round trips (PostgreSQL); statement by statement otherwise.
+    assert db.round_trips() - before == (2 if write_path == FAST and is_postgres() else 0)
     body = response.json()
     assert (body["status"], body["decided_by"], body["decision_reason"]) == (
         "approved",
@@ -172,6 +187,25 @@ def test_approving_requeues_the_run_and_runs_the_call_once_under_the_approval_ke
     assert step_of(approval).status == "completed"
 
 
+@both_write_paths
+def test_a_decision_on_a_run_a_worker_still_holds_takes_the_lease_away(
+    engine: Engine, pattern: LoopPattern, approver: APIClient
+) -> None:
+    """A parked run holds no worker; one that does (a worker between its park and its release)
+    is re-queued by the exact path, which bumps the fencing token (the batched one declines)."""
+    run = park_inline(engine, pattern, [write_call("notes.txt", "hello")])
+    [approval] = pending_approvals(run)
+    held_until = timezone.now() + timedelta(minutes=5)
+    LoopRun.objects.filter(pk=run.id).update(lease_owner="late-worker", lease_expires_at=held_until)
+    token = LoopRun.objects.get(pk=run.id).lease_token
+    assert decide(approver, approval).status_code == 200
+    requeued = LoopRun.objects.get(pk=run.id)
+    assert (requeued.status, requeued.lease_owner) == (RunStatus.QUEUED, None)
+    assert requeued.lease_token == token + 1
+    assert event_types(run.id)[-2:] == ["approval.approved", "approval.resumed"]
+
+
+@both_write_paths
 def test_an_approver_may_edit_the_input_and_the_edited_call_is_what_runs(
     engine: Engine, pattern: LoopPattern, approver: APIClient
 ) -> None:
@@ -193,6 +227,7 @@ def test_an_approver_may_edit_the_input_and_the_edited_call_is_what_runs(
     assert approval.executed_hash == approval.approved_hash
 
 
+@both_write_paths
 @pytest.mark.parametrize(
     "edited",
     [
@@ -219,6 +254,7 @@ def test_edited_input_must_fit_the_tools_schema(
     assert status_of(run) == RunStatus.WAITING_APPROVAL and step_of(approval).status == "gated"
 
 
+@both_write_paths
 def test_a_gated_call_is_approved_not_answered_and_a_question_needs_an_answer(
     engine: Engine, pattern: LoopPattern, approver: APIClient
 ) -> None:
@@ -237,6 +273,7 @@ def test_a_gated_call_is_approved_not_answered_and_a_question_needs_an_answer(
     assert status_of(run) == RunStatus.QUEUED
 
 
+@both_write_paths
 def test_a_call_the_runs_policy_denies_can_be_rejected_but_never_approved(
     engine: Engine, approver: APIClient
 ) -> None:
@@ -268,6 +305,7 @@ def test_a_call_the_runs_policy_denies_can_be_rejected_but_never_approved(
     assert event_types(run.id).count("approval.resumed") == 1
 
 
+@both_write_paths
 def test_a_second_decision_is_a_conflict_and_changes_nothing(
     engine: Engine, pattern: LoopPattern, approver: APIClient, api_client_for: Any
 ) -> None:
@@ -295,6 +333,7 @@ def test_a_second_decision_is_a_conflict_and_changes_nothing(
     assert event_types(run.id).count("approval.resumed") == 1
 
 
+@both_write_paths
 def test_several_gated_calls_open_one_approval_each_and_the_run_waits_for_the_last(
     engine: Engine, pattern: LoopPattern, approver: APIClient
 ) -> None:
@@ -332,6 +371,7 @@ def test_several_gated_calls_open_one_approval_each_and_the_run_waits_for_the_la
     assert not (workspace_path(run.id) / "b.txt").exists()
 
 
+@both_write_paths
 def test_only_approvers_or_the_patterns_listed_approvers_may_decide(
     engine: Engine, pattern: LoopPattern, api_client_for: Callable[[str], APIClient]
 ) -> None:

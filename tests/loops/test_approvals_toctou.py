@@ -21,7 +21,8 @@ import time_machine
 from rest_framework.test import APIClient
 
 from loops.models import ActionApproval, LoopRun, LoopStep, RunStatus
-from loops.services.approvals import approvals_expire, canonical_hash
+from loops.services.approval_decisions import canonical_hash
+from loops.services.approvals import approvals_expire
 from loops.services.runs import run_act
 from tests.runtime.test_loop_gating import PLAN, park_with_two_gated_calls, tools
 from tests.support.approvals import (
