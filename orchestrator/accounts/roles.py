@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
@@ -29,15 +30,24 @@ def user_roles(user: Any) -> frozenset[Role]:
     cached = getattr(user, "_loopwright_roles", None)
     if cached is not None:
         return frozenset(cached)
-    if user.is_superuser:
-        roles = frozenset(ALL_ROLES)
-    else:
-        names = set(user.groups.values_list("name", flat=True))
-        roles = frozenset(r for r in ALL_ROLES if r.value in names)
-        if Role.ADMIN in roles:
-            roles = frozenset(ALL_ROLES)
+    groups = () if user.is_superuser else user.groups.values_list("name", flat=True)
+    roles = roles_of(superuser=user.is_superuser, groups=groups)
     user._loopwright_roles = roles
     return roles
+
+
+def roles_of(*, superuser: bool, groups: Iterable[str]) -> frozenset[Role]:
+    """The roles of a user holding the groups named ``groups``: all of them for a superuser or
+    an admin; other group names grant nothing."""
+    names = set(groups)
+    roles = frozenset(r for r in ALL_ROLES if r.value in names)
+    return frozenset(ALL_ROLES) if superuser or Role.ADMIN in roles else roles
+
+
+def user_roles_known(user: Any, roles: frozenset[Role]) -> None:
+    """Cache ``roles``, read with the user in the same statement, as the user's for the
+    request: :func:`user_roles` then issues no query."""
+    user._loopwright_roles = roles
 
 
 def has_role(user: Any, *allowed: Role) -> bool:

@@ -10,10 +10,12 @@ from typing import Any, Protocol
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, User
 from django.db import transaction
+from django.db.models import IntegerField
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from orchestrator.accounts.models import TOKEN_PREFIX, ApiToken, generate_token, hash_secret
-from orchestrator.accounts.roles import Role
+from orchestrator.accounts.roles import ALL_ROLES, Role, roles_of, user_roles_known
 
 #: The quota fields of a token (``None``: no quota on that metric).
 QUOTA_FIELDS = ("daily_token_quota", "daily_cost_quota")
@@ -155,14 +157,40 @@ def safe_scheme(scheme: str) -> str:
 
 
 def api_token_resolve(raw: str) -> ApiToken | None:
-    """The live token matching ``raw``, or None (constant-time comparison of the secret)."""
+    """The live token matching ``raw``, or None (constant-time comparison of the secret). One
+    statement reads the token, its user and the user's roles (cached on the user for the
+    request, :func:`orchestrator.accounts.roles.user_roles`)."""
     split = api_token_split(raw)
     if split is None:
         return None
     prefix, secret = split
-    token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+    token = (
+        ApiToken.objects.select_related("user")
+        .annotate(role_bits=_role_bits())
+        .filter(prefix=prefix)
+        .first()
+    )
     now = timezone.now()
     if token is None or not api_token_live(secret, token, now):
         return None
     api_token_touch(token.pk, token.last_used_at, now)
+    bits = int(getattr(token, "role_bits", 0))
+    held = [role.value for i, role in enumerate(ALL_ROLES) if bits >> i & 1]
+    user_roles_known(token.user, roles_of(superuser=token.user.is_superuser, groups=held))
     return token
+
+
+#: Per token row: bit ``i`` set when its user is in the group of ``ALL_ROLES[i]`` (a sum of
+#: distinct bits: a user is in a group at most once and group names are unique). Constant text
+#: (S608 waived): the role names and their bits are parameters.
+ROLE_BITS_SQL = (
+    "(SELECT COALESCE(SUM(CASE r.name "  # noqa: S608
+    + " ".join("WHEN %s THEN %s" for _ in ALL_ROLES)
+    + " ELSE 0 END), 0) FROM auth_user_groups ug JOIN auth_group r ON r.id = ug.group_id "
+    "WHERE ug.user_id = accounts_apitoken.user_id)"
+)
+ROLE_BITS_PARAMS = tuple(p for i, role in enumerate(ALL_ROLES) for p in (role.value, 1 << i))
+
+
+def _role_bits() -> RawSQL:
+    return RawSQL(ROLE_BITS_SQL, ROLE_BITS_PARAMS, output_field=IntegerField())  # noqa: S611
