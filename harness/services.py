@@ -10,7 +10,7 @@ this up in the database.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,6 +281,30 @@ def profile_version_resolve(ref: str) -> HarnessProfileVersion:
     return found
 
 
+def profile_versions_current(refs: Iterable[str]) -> dict[str, HarnessProfileVersion]:
+    """By ref, the current published version of each plain ``tag`` among ``refs``, in one
+    query. A ``tag@N`` ref and one naming no published version are left out: pass them to
+    :func:`profile_version_resolve`, which answers or refuses them."""
+    tags: dict[str, str] = {}
+    for ref in refs:
+        match = _REF.match(ref.strip())
+        if match is not None and match["version"] is None:
+            tags[ref] = match["tag"]
+    if not tags:
+        return {}
+    rows = HarnessProfile.objects.select_related("current_version").filter(
+        tag__in=set(tags.values())
+    )
+    profiles = {profile.tag: profile for profile in rows}
+    found: dict[str, HarnessProfileVersion] = {}
+    for ref, tag in tags.items():
+        profile = profiles.get(tag)
+        if profile is not None and profile.current_version is not None:
+            found[ref] = profile.current_version
+            found[ref].profile = profile  # already at hand: no second query for it
+    return found
+
+
 def harness_tag_exists(tag: str) -> bool:
     """Whether ``tag`` (or ``tag@version``) names a published profile version."""
     try:
@@ -326,6 +350,7 @@ def harness_compile_for(
     employee_profile: str | None = None,
     employee_layer: Mapping[str, Any] | None = None,
     run_overrides: Mapping[str, Any] | None = None,
+    versions: Mapping[str, HarnessProfileVersion] | None = None,
 ) -> HarnessCompilation:
     """Stack platform → profile → pattern → employee → run and compile. Absent layers are left out.
 
@@ -334,8 +359,12 @@ def harness_compile_for(
     none) and then its inline settings (``employee:<username>``). Invalid layers raise
     InvalidInput whose pointers follow the compile API's body (``/pattern/...``,
     ``/employee/harness/...``, ``/overrides/...``).
+
+    ``versions``: profile versions already read by ref (:func:`profile_versions_current`); a
+    ref not in it is resolved here, so the compilation is the same either way.
     """
-    version = profile_version_resolve(tag)
+    versions = versions or {}
+    version = versions.get(tag) or profile_version_resolve(tag)
     profile_tag = version.profile.tag
     profile_name = f"profile:{profile_tag}@{version.version}"
     layers = [platform_layer(), _layer(profile_name, version.settings, ("profile",), profile=True)]
@@ -344,7 +373,7 @@ def harness_compile_for(
     employee_name = f"employee:{employee_username}" if employee_username else "employee"
     if employee_profile:
         try:
-            own = profile_version_resolve(employee_profile)
+            own = versions.get(employee_profile) or profile_version_resolve(employee_profile)
         except ProfileNotFound as exc:
             problem = {"pointer": "/employee/harness_tag", "detail": exc.detail, "code": "invalid"}
             detail = f"The harness profile of {employee_name}: {exc.detail}"

@@ -10,7 +10,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from harness.compile import layer_parse, not_applied
-from harness.services import HarnessCompilation, harness_compile_for, layer_stored
+from harness.services import (
+    HarnessCompilation,
+    harness_compile_for,
+    layer_stored,
+    profile_versions_current,
+)
 from loops import state
 from loops.models import LoopEvent, LoopPattern, LoopRun, RunStatus, TriggerType
 from loops.policy import PatternPolicy, parse_policy
@@ -72,11 +77,14 @@ def role_harness_compile(
     harness preview API answers exactly these.
 
     Roles whose employee carries no layer of its own differ only in their profile, so each
-    such profile is compiled once and every role of it gets its own copy."""
+    such profile is compiled once and every role of it gets its own copy. The profiles of all
+    the roles and employees are read in one query."""
     overrides = harness_overrides_validated(overrides)
     run_layer = layer_parse("run", overrides) if overrides else None
     bindings = role_bindings_of(pattern)
     employees = _employee_layers([bindings["leader"], *bindings["makers"], bindings["verifier"]])
+    tags = [pattern.leader_harness_tag, pattern.maker_harness_tag, pattern.verifier_harness_tag]
+    versions = profile_versions_current([*tags, *(tag for tag, _ in employees.values())])
     compiled: dict[tuple[str, str | None], HarnessCompilation] = {}
     notices: list[dict[str, Any]] = []
 
@@ -91,6 +99,7 @@ def role_harness_compile(
                 employee_profile=own_tag or None,
                 employee_layer=own_layer or None,
                 run_overrides=overrides,
+                versions=versions,
             )
         compilation = compiled[key]
         if run_layer is not None:

@@ -20,6 +20,7 @@ from harness.models import (
 from harness.schema import settings_problems
 from harness.services import (
     ProfileNotFound,
+    harness_compile_for,
     harness_snapshot,
     harness_tag_exists,
     platform_settings,
@@ -29,6 +30,7 @@ from harness.services import (
     profile_save_draft,
     profile_update,
     profile_version_resolve,
+    profile_versions_current,
 )
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 
@@ -287,6 +289,43 @@ def test_unresolvable_references_raise_profile_not_found_naming_them(
         profile_version_resolve(ref)
     assert not harness_tag_exists(ref)
     assert issubclass(ProfileNotFound, InvalidInput)
+
+
+def test_the_current_versions_of_plain_tags_are_read_in_one_query(
+    team: HarnessProfile, django_assert_num_queries: Any
+) -> None:
+    profile_save_draft(tag="team", settings={})
+    HarnessProfile.objects.create(tag="unpublished")
+    refs = ["team", " safe ", "team@1", "nope", "unpublished", "", "team@x", "default"]
+    with django_assert_num_queries(1):
+        found = profile_versions_current(refs)
+        tags = {ref: (v.profile.tag, v.version, v.settings) for ref, v in found.items()}
+    assert set(found) == {"team", " safe ", "default"}
+    for ref, (tag, number, settings) in tags.items():
+        one = profile_version_resolve(ref)
+        assert (tag, number, settings) == (one.profile.tag, one.version, one.settings)
+    with django_assert_num_queries(0):
+        assert profile_versions_current(["team@1", "bad ref"]) == {}
+
+
+def test_a_compilation_from_versions_read_together_is_the_same_and_reads_no_profile(
+    team: HarnessProfile, django_assert_num_queries: Any
+) -> None:
+    layers: dict[str, Any] = {
+        "tag": "team",
+        "pattern_layer": {"limits": {"maxTokens": 900}},
+        "employee_username": "alice",
+        "employee_profile": "safe",
+        "employee_layer": {"memory": {"enabled": False}},
+    }
+    alone = harness_compile_for(**layers).snapshot()
+    versions = profile_versions_current(["team", "safe"])
+    with django_assert_num_queries(0):
+        together = harness_compile_for(**layers, versions=versions).snapshot()
+    assert json.dumps(together, sort_keys=True) == json.dumps(alone, sort_keys=True)
+    # A ref the versions lack is resolved (or refused) as without them.
+    with pytest.raises(ProfileNotFound, match="employee:alice"):
+        harness_compile_for(**{**layers, "employee_profile": "nope"}, versions=versions)
 
 
 # --- Snapshots ----------------------------------------------------------------------------------

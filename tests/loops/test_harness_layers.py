@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 from drf_spectacular.drainage import GENERATOR_STATS
 from drf_spectacular.generators import SchemaGenerator
@@ -186,6 +188,18 @@ def test_the_preview_equals_the_snapshot_byte_for_byte(
     )
     assert preview.json()["harness_notices"] == run["harness_notices"] != []
     assert not LoopRun.objects.exclude(pk=run["id"]).exists(), "the preview started a run"
+
+
+def test_the_roles_and_employees_profiles_are_read_in_one_query(operator: APIClient) -> None:
+    with CaptureQueriesContext(connection) as sent:
+        run = triggered(operator)
+    reads = [q for q in sent.captured_queries if 'FROM "harness_harnessprofile"' in q["sql"]]
+    assert len(reads) == 1
+    snaps = snapshots_of(run["id"])
+    assert (snaps["verifier"]["profile"], snaps["makers"]["mk"]["layers"][3]) == (
+        {"tag": "tight", "version": 1},
+        "employee:mk:profile:tight@1",
+    )
 
 
 def test_the_preview_refuses_invalid_overrides_like_the_trigger(operator: APIClient) -> None:
