@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
-
 from instructions.rendering import pins_for, published_text
 from loops.models import LoopPattern, LoopRun
 from loops.templates import render_goal
-from orchestrator.agents.models import Employee, SubAgentBinding
 from orchestrator.errors import InvalidInput
 from runtime.prompt_template import PromptTemplateError, substitute_instructions
 
@@ -28,15 +25,10 @@ def _refused(exc: PromptTemplateError, pointer: str) -> InvalidInput:
 
 
 def run_instruction_pins(
-    pattern: LoopPattern, usernames: list[str], retry_of: LoopRun | None = None
+    pattern: LoopPattern, prompts: list[str], retry_of: LoopRun | None = None
 ) -> dict[str, int]:
-    """``{name: version}`` for the run's unversioned instruction references."""
-    children = SubAgentBinding.objects.filter(parent__username__in=usernames).values("child")
-    prompts = list(
-        Employee.objects.filter(Q(username__in=usernames) | Q(pk__in=children)).values_list(
-            "system_prompt", flat=True
-        )
-    )
+    """``{name: version}`` for the run's unversioned instruction references: its goal
+    template's and its employees' system prompts' (``RunEmployees.prompts``)."""
     try:
         pins = pins_for([pattern.goal_template, *prompts])
     except PromptTemplateError as exc:

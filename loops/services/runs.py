@@ -24,11 +24,11 @@ from loops.services.budget_rules import spent_message
 from loops.services.budgets import daily_exhaustion
 from loops.services.endings import run_transition
 from loops.services.nudges import nudge_run
+from loops.services.run_employees import RunEmployees, run_employees_read
 from loops.services.run_prompts import run_goal, run_instruction_pins
 from loops.services.transitions import Lease, run_event_append
 from loops.span_models import new_trace_id
 from orchestrator import wakeups
-from orchestrator.agents.models import Employee
 from orchestrator.errors import Conflict, invalid_fields
 from orchestrator.tracecontext import TRACE_ID
 from runtime.invocation import LeaseLost
@@ -41,6 +41,11 @@ def role_bindings_of(pattern: LoopPattern) -> dict[str, Any]:
         "makers": list(pattern.maker_usernames or []),
         "verifier": pattern.verifier_username,
     }
+
+
+def role_usernames_of(bindings: dict[str, Any]) -> list[str]:
+    """The employees of :func:`role_bindings_of`: leader, makers, verifier."""
+    return [bindings["leader"], *bindings["makers"], bindings["verifier"]]
 
 
 @dataclass(frozen=True)
@@ -60,16 +65,11 @@ def harness_overrides_validated(data: Any) -> dict[str, Any] | None:
     return layer_stored(data, "harness_overrides", "harness overrides") or None
 
 
-def _employee_layers(usernames: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """username → (harness_tag, inline harness) of the employees that carry any."""
-    rows = Employee.objects.filter(username__in=usernames).values_list(
-        "username", "harness_tag", "harness"
-    )
-    return {name: (tag, harness or {}) for name, tag, harness in rows if tag or harness}
-
-
 def role_harness_compile(
-    pattern: LoopPattern, policy: PatternPolicy, overrides: dict[str, Any] | None
+    pattern: LoopPattern,
+    policy: PatternPolicy,
+    overrides: dict[str, Any] | None,
+    employees: RunEmployees | None = None,
 ) -> RoleHarness:
     """Compile each role's harness now: platform → the role's profile → the pattern's layer →
     the employee's profile and inline layers (if any) → the run's overrides (validated, see
@@ -78,19 +78,22 @@ def role_harness_compile(
 
     Roles whose employee carries no layer of its own differ only in their profile, so each
     such profile is compiled once and every role of it gets its own copy. The profiles of all
-    the roles and employees are read in one query."""
+    the roles and employees are read in one query; ``employees`` (read here when None) is
+    :func:`run_employees_read` of the roles' employees."""
     overrides = harness_overrides_validated(overrides)
     run_layer = layer_parse("run", overrides) if overrides else None
     bindings = role_bindings_of(pattern)
-    employees = _employee_layers([bindings["leader"], *bindings["makers"], bindings["verifier"]])
+    if employees is None:
+        employees = run_employees_read(role_usernames_of(bindings))
+    layers = employees.layers
     tags = [pattern.leader_harness_tag, pattern.maker_harness_tag, pattern.verifier_harness_tag]
-    versions = profile_versions_current([*tags, *(tag for tag, _ in employees.values())])
+    versions = profile_versions_current([*tags, *(tag for tag, _ in layers.values())])
     compiled: dict[tuple[str, str | None], HarnessCompilation] = {}
     notices: list[dict[str, Any]] = []
 
     def compile_for(role: str, tag: str, employee: str) -> dict[str, Any]:
-        own_tag, own_layer = employees.get(employee, ("", {}))
-        key = (tag, employee if employee in employees else None)
+        own_tag, own_layer = layers.get(employee, ("", {}))
+        key = (tag, employee if employee in layers else None)
         if key not in compiled:
             compiled[key] = harness_compile_for(
                 tag=tag,
@@ -164,15 +167,12 @@ def run_trigger(
         raise invalid_fields(problems)
     policy = parse_policy(pattern.policy)
     overrides = harness_overrides_validated(harness_overrides)
-    harness = role_harness_compile(pattern, policy, overrides)
+    bindings = role_bindings_of(pattern)
+    employees = run_employees_read(role_usernames_of(bindings))
+    harness = role_harness_compile(pattern, policy, overrides, employees)
     _refuse_when_spent(pattern)
     probe = breaker_admit_trigger(pattern)
-    bindings = role_bindings_of(pattern)
-    pins = run_instruction_pins(
-        pattern,
-        [bindings["leader"], *bindings["makers"], bindings["verifier"]],
-        retry_of,
-    )
+    pins = run_instruction_pins(pattern, employees.prompts, retry_of)
     goal = run_goal(
         pattern,
         {
