@@ -31,6 +31,7 @@ from loops.serializers import (
     StepSerializer,
     TriggeredRunSerializer,
     TriggerSerializer,
+    triggered_run_data,
 )
 from loops.serializers_spans import SpanTreeSerializer
 from loops.services.budgets import run_budget_raise
@@ -101,7 +102,7 @@ class PatternViewSet(viewsets.ModelViewSet[LoopPattern]):
             inputs=body.validated_data["inputs"],
             harness_overrides=body.validated_data.get("harness_overrides"),
         )
-        return Response(TriggeredRunSerializer(run).data, status=status.HTTP_201_CREATED)
+        return Response(triggered_run_data(run), status=status.HTTP_201_CREATED)
 
     @extend_schema(
         request=HarnessPreviewSerializer,
@@ -269,7 +270,7 @@ class RunViewSet(
         canceled runs)."""
         run = self.get_object()
         new_run = run_retry(run_id=run.id, actor=request_actor(request))
-        return Response(TriggeredRunSerializer(new_run).data, status=status.HTTP_201_CREATED)
+        return Response(triggered_run_data(new_run), status=status.HTTP_201_CREATED)
 
     @extend_schema(
         request=BudgetRaiseSerializer,

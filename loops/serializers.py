@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -185,6 +186,18 @@ class TriggeredRunSerializer(RunSerializer):
     class Meta(RunSerializer.Meta):
         fields = [*RunSerializer.Meta.fields, "harness_notices"]
         read_only_fields = fields
+
+
+def triggered_run_data(run: LoopRun) -> dict[str, Any]:
+    """``TriggeredRunSerializer(run).data``, rendered by one serializer whose fields are built
+    once (DRF builds them per instance: ~0.5 ms). Its fields keep nothing of a run and it has
+    no context, so every request and thread may share it."""
+    return dict(_triggered_run_serializer().to_representation(run))
+
+
+@functools.cache
+def _triggered_run_serializer() -> TriggeredRunSerializer:
+    return TriggeredRunSerializer()  # DRF keeps its fields once built (``fields`` is cached)
 
 
 class RunDetailSerializer(RunSerializer):

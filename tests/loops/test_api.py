@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
 from loops.models import LoopRun, RunStatus
+from loops.serializers import TriggeredRunSerializer, triggered_run_data
 
 pytestmark = pytest.mark.django_db
 PROBLEM = "application/problem+json"
@@ -270,3 +273,23 @@ def test_runs_keep_the_harness_snapshot_they_started_with(
     assert new_snap["settings"]["limits"]["maxToolCalls"] == 3
     assert old_snap["settings"]["limits"].get("maxToolCalls") != 3
     assert current["tag"] == "default"
+
+
+def test_a_trigger_and_a_retry_answer_what_their_serializer_renders(operator: APIClient) -> None:
+    def same_as_serializer(response: Any) -> None:
+        assert response.status_code == 201, response.content
+        run = LoopRun.objects.get(pk=response.json()["id"])
+        rendered = JSONRenderer().render(TriggeredRunSerializer(run).data)
+        assert list(response.json().items()) == list(json.loads(rendered).items())
+        assert triggered_run_data(run) == TriggeredRunSerializer(run).data
+
+    create_pattern(operator)
+    body = {"inputs": {"path": "a"}, "harness_overrides": {"limits": {"maxInvocations": 10**6}}}
+    first = operator.post("/api/v1/patterns/fix-typos/trigger", body, format="json")
+    same_as_serializer(first)
+    assert first.json()["harness_notices"] != []
+    run_id = first.json()["id"]
+    assert operator.post(f"/api/v1/runs/{run_id}/cancel", {}, format="json").status_code == 200
+    retry = operator.post(f"/api/v1/runs/{run_id}/retry", {}, format="json")
+    same_as_serializer(retry)
+    assert retry.json()["retry_of"] == run_id
