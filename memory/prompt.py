@@ -7,7 +7,7 @@ Under the role's harness ``memory`` section (``enabled``, ``scopes``, ``maxItems
 and invocation, for a chat (``request.conversation`` set) as a chat without a run. The block is
 read on a database thread (the ORM may not run in the event loop): a chat's on the web
 process's pool that keeps its connections (``orchestrator.dbpool``: no connect on the request
-path), a run's on a pool that leaves no connection behind.
+path), a run's on a pool of its own (``orchestrator.dbthreads``).
 """
 
 from __future__ import annotations

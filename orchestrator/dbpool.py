@@ -5,10 +5,9 @@ Django's ASGI handler gives every request its own thread for ``sync_to_async`` w
 own database connection: a connect per request, and as many connections as requests in flight
 (100 concurrent streams exhaust PostgreSQL's default 100). Here every read and write of the
 endpoint runs on :data:`DB_THREADS` threads instead; each keeps its connection between requests,
-refreshed as Django does per request (closed when unusable after an error, or past a set
-``CONN_MAX_AGE``; health checks as configured), so a web process holds at most that many
-connections for the endpoint. ``CONN_MAX_AGE`` 0 (the SQLite default, meant for per-request
-threads) does not close them after every call: these threads live as long as the process.
+refreshed as Django does per request (``orchestrator.dbthreads.connections_refresh``: closed
+when unusable after an error, or past a set ``CONN_MAX_AGE``; health checks as configured), so
+a web process holds at most that many connections for the endpoint.
 
 Outside Django's ASGI handler (the test client, a script) there is no per-request thread, and
 the work runs where Django's own ``sync_to_async`` puts it (the caller's thread and connection,
@@ -21,7 +20,6 @@ import asyncio
 import contextlib
 import functools
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
@@ -30,33 +28,15 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
 
 from orchestrator.bare_asgi import BARE_REQUEST
+from orchestrator.dbthreads import connections_refresh
 
 T = TypeVar("T")
 DB_THREADS = 4
 _EXECUTOR = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="web-db")
 
 
-#: A connection idle for longer than this gets Django's per-request refresh (and health check,
-#: ``CONN_HEALTH_CHECKS``) before its next use; a burst of calls reuses it without one round
-#: trip each. A failed call still marks it, and the next call checks and replaces it.
-REFRESH_IDLE_SECONDS = 1.0
-_last_use = threading.local()
-
-
-def _refresh_connections() -> None:
-    now = time.monotonic()
-    idle = now - getattr(_last_use, "at", 0.0) > REFRESH_IDLE_SECONDS
-    _last_use.at = now
-    for connection in connections.all(initialized_only=True):
-        if connection.settings_dict["CONN_MAX_AGE"] == 0:
-            connection.close_at = None  # kept, see the module's docstring
-        aged = connection.close_at is not None and now >= connection.close_at
-        if idle or aged or connection.errors_occurred:
-            connection.close_if_unusable_or_obsolete()
-
-
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    _refresh_connections()
+    connections_refresh()
     return fn(*args)
 
 

@@ -16,6 +16,7 @@ from loops import db
 from orchestrator import wakeups
 from orchestrator.accounts.roles import Role
 from orchestrator.accounts.services import api_token_create, user_ensure
+from orchestrator.dbthreads import off_loop_threads_close
 from tests.support import workers
 from tests.support.approvals import http_reply
 from tests.support.model_server import ModelServer
@@ -36,9 +37,11 @@ PERSONAS: dict[str, tuple[Role, ...]] = {
 def django_db_setup(django_db_setup: None) -> Iterator[None]:
     """pytest-django's test database; the live streams' wake-up hub (its own connection to the
     database, ``orchestrator.wakeups``) is stopped before the database is dropped, and so are
-    PgBouncer's connections to it when the suite runs through one (scripts/pgbouncer-suite.sh)."""
+    PgBouncer's connections to it when the suite runs through one (scripts/pgbouncer-suite.sh).
+    The connections the off-loop pools' threads keep (``orchestrator.dbthreads``) close first."""
     yield
     wakeups.hub_stop()
+    off_loop_threads_close()
     name = connections[DEFAULT_DB_ALIAS].settings_dict["NAME"]
     release_database(name)
     if connections[DEFAULT_DB_ALIAS].vendor == "postgresql" and not settings.DB_POOLER:
