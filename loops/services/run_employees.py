@@ -3,12 +3,11 @@ its instruction pins."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
-
-from orchestrator.agents.models import Employee, SubAgentBinding
+from orchestrator.sql import fetch_all, placeholders
 
 
 @dataclass(frozen=True)
@@ -20,18 +19,29 @@ class RunEmployees:
     prompts: list[str]
 
 
+def _employees_sql(count: int) -> str:
+    """The role employees (``count`` usernames) and their sub-agents, by username; plain SQL
+    (the ORM spent ~0.6 ms compiling this read per trigger). S608 waived: the usernames are
+    parameters."""
+    names = placeholders(range(count))
+    return (
+        "SELECT e.username, e.harness_tag, e.harness, e.system_prompt "  # noqa: S608
+        f"FROM agents_employee e WHERE e.username IN ({names}) OR e.id IN ("
+        "SELECT b.child_id FROM agents_subagentbinding b "
+        f"JOIN agents_employee p ON p.id = b.parent_id WHERE p.username IN ({names})) "
+        "ORDER BY e.username"
+    )
+
+
 def run_employees_read(usernames: list[str]) -> RunEmployees:
     """The employees ``usernames`` (and their sub-agents' prompts), in one query."""
-    children = SubAgentBinding.objects.filter(parent__username__in=usernames).values("child")
-    rows = list(
-        Employee.objects.filter(Q(username__in=usernames) | Q(pk__in=children)).values_list(
-            "username", "harness_tag", "harness", "system_prompt"
-        )
-    )
+    if not usernames:
+        return RunEmployees({}, [])
+    rows = fetch_all(_employees_sql(len(usernames)), [*usernames, *usernames])
     roles = set(usernames)
-    layers = {
-        name: (tag, harness or {})
-        for name, tag, harness, _ in rows
-        if name in roles and (tag or harness)
-    }
+    layers: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name, tag, harness, _ in rows:
+        own = json.loads(harness) if isinstance(harness, str | bytes) else harness  # jsonb: text
+        if name in roles and (tag or own):
+            layers[name] = (tag, own or {})
     return RunEmployees(layers, [prompt for *_, prompt in rows])
