@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.agents.models import Employee, SubAgentBinding
 from orchestrator.sql import fetch_all, placeholders
 
 
@@ -21,14 +22,14 @@ class RunEmployees:
 
 def _employees_sql(count: int) -> str:
     """The role employees (``count`` usernames) and their sub-agents, by username; plain SQL
-    (the ORM spent ~0.6 ms compiling this read per trigger). S608 waived: the usernames are
-    parameters."""
+    (the ORM spent ~0.6 ms compiling this read per trigger), the usernames as parameters."""
     names = placeholders(range(count))
+    employees, bindings = Employee._meta.db_table, SubAgentBinding._meta.db_table
     return (
-        "SELECT e.username, e.harness_tag, e.harness, e.system_prompt "  # noqa: S608
-        f"FROM agents_employee e WHERE e.username IN ({names}) OR e.id IN ("
-        "SELECT b.child_id FROM agents_subagentbinding b "
-        f"JOIN agents_employee p ON p.id = b.parent_id WHERE p.username IN ({names})) "
+        "SELECT e.username, e.harness_tag, e.harness, e.system_prompt "  # noqa: S608 (tables)
+        f"FROM {employees} e WHERE e.username IN ({names}) OR e.id IN ("
+        f"SELECT b.child_id FROM {bindings} b "
+        f"JOIN {employees} p ON p.id = b.parent_id WHERE p.username IN ({names})) "
         "ORDER BY e.username"
     )
 
