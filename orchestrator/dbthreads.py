@@ -1,11 +1,12 @@
 """Database work for code that may run inside an event loop (where Django's ORM may not run):
-small thread pools whose threads keep their connection between calls.
+small thread pools whose threads keep their connection through a burst of calls.
 
-Each thread's connection is refreshed as Django refreshes a request's (:func:`connections_refresh`:
-closed when unusable after an error or past ``CONN_MAX_AGE``, health-checked after an idle
-second), so a burst of calls reuses it; a connect per call cost a worker about a third of its
-throughput (docs/performance.md). :func:`off_loop_threads_close` closes every pool's
-connections (a test session's end, before its database is dropped).
+A connect per call cost a worker about a third of its throughput (docs/performance.md): a
+thread's connection is reused while calls keep coming, closed after an idle second (the next
+call connects again, failing fast when the database is out of reach).
+:func:`connections_refresh` is the web process's long-lived threads' refresh (``dbpool``).
+:func:`off_loop_threads_close` closes every pool's connections (a test session's end, before
+its database is dropped).
 """
 
 from __future__ import annotations
@@ -44,8 +45,27 @@ def connections_refresh() -> None:
             connection.close_if_unusable_or_obsolete()
 
 
+def _connections_warm() -> None:
+    """An off-loop thread's connections, kept only while its calls come in a burst: after an
+    idle second they are closed and the next call connects again (``connect_timeout``), so a
+    connection that went bad while nothing used it (a network cut, a server restart) is never
+    waited on; a failed or aged one is refreshed as Django would."""
+    now = time.monotonic()
+    idle = now - getattr(_last_use, "at", 0.0) > REFRESH_IDLE_SECONDS
+    _last_use.at = now
+    if idle:
+        connections.close_all()
+        return
+    for connection in connections.all(initialized_only=True):
+        if connection.errors_occurred or (
+            connection.close_at is not None and now >= connection.close_at
+        ):
+            connection.close_if_unusable_or_obsolete()
+
+
 class OffLoopDb:
-    """``max_workers`` threads named ``name`` that keep their connection between calls."""
+    """``max_workers`` threads named ``name`` that keep their connection through a burst of
+    calls (:func:`_connections_warm`)."""
 
     def __init__(self, name: str, max_workers: int = 2) -> None:
         self._max_workers = max_workers
@@ -55,7 +75,7 @@ class OffLoopDb:
     @staticmethod
     def _refreshed(fn: Callable[[], T]) -> Callable[[], T]:
         def call() -> T:
-            connections_refresh()
+            _connections_warm()
             return fn()
 
         return call

@@ -77,6 +77,11 @@ class RunDriver:
         self.db_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=int(conf["DRIVER_DB_THREADS"]), thread_name_prefix="lw-db"
         )
+        #: The heartbeat's own thread (and connection): it never queues behind the runs' writes,
+        #: which under load (a drain of many runs, a busy host) would outlast the lease.
+        self.heartbeat_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="lw-heartbeat"
+        )
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._claiming: set[asyncio.Future[int]] = set()
@@ -116,6 +121,7 @@ class RunDriver:
         future.result(timeout=drain + 30)
         self._thread.join(timeout=10)
         self.db_pool.shutdown(wait=True)
+        self.heartbeat_pool.shutdown(wait=True)
         if not self.loop.is_running():
             self.loop.close()
 
@@ -284,9 +290,14 @@ class RunDriver:
         if not held_ids:
             return
         try:
-            still = await self.db(
-                run_heartbeat, owner=self.owner, run_ids=held_ids, lease_seconds=self.lease_seconds
+            beat = functools.partial(
+                _db_call,
+                run_heartbeat,
+                owner=self.owner,
+                run_ids=held_ids,
+                lease_seconds=self.lease_seconds,
             )
+            still = await self.loop.run_in_executor(self.heartbeat_pool, beat)
         except (OperationalError, InterfaceError) as exc:
             logger.warning("heartbeat failed, database unavailable: %s", type(exc).__name__)
             return
