@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import re
 import threading
 import time
@@ -70,6 +71,12 @@ def batches_are_sent_together() -> bool:
     """Do :func:`batch`'s statements travel together (PostgreSQL, outside an atomic block,
     fast paths on)? The one-round-trip variants of a write need it."""
     return is_postgres() and not connection.in_atomic_block and not _switch.exact_forced
+
+
+def json_value(value: Any) -> Any:
+    """A JSON column's value as a raw statement read it (jsonb comes as its text), as
+    ``JSONField`` gives it (NULL and JSON null: None)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def prepared(model: type[Model], name: str, value: Any) -> Any:

@@ -10,7 +10,6 @@ commits. A run the exact path must judge (one in a wait, or still held by a work
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -92,7 +91,7 @@ def approval_decide_batched(
         step = dict(zip(_STEP_COLUMNS, step_row.rows[0], strict=True)) if step_row.rows else None
         if step is None:
             raise LoopStep.DoesNotExist(f"the gated step of approval {approval_id} is missing")
-        step["request"] = _json(step["request"])
+        step["request"] = db.json_value(step["request"])
         fields = step_rewritten(
             step, approval, arguments=outcome.final, content=outcome.rejection, now=now
         )
@@ -141,15 +140,10 @@ def _model_of(model: type[Model], columns: tuple[str, ...], row: tuple[Any, ...]
         if field.column in read:
             value = read[field.column]
             if field.get_internal_type() == "JSONField":
-                value = _json(value)
+                value = db.json_value(value)
             names.append(field.attname)
             values.append(value)
     return model.from_db(connection.alias, names, values)
-
-
-def _json(value: Any) -> Any:
-    """A JSON column's value as the batch read it (jsonb comes as its text)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def _update(model: type[Model], pk: Any, values: dict[str, Any]) -> tuple[str, list[Any]]:

@@ -11,7 +11,6 @@ path is available and the write is plain, else its exact path (``step_exact``).
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -315,9 +314,6 @@ def steps_of_invocation(run_id: uuid.UUID, invocation: str) -> list[StepRecord]:
 def record_of_row(row: tuple[Any, ...]) -> StepRecord:
     """A row of ``step_sql.STEPS_OF_INVOCATION``'s columns as the journal returns it."""
     seq, kind, status, name, key, request, response, error = row
-    return StepRecord(seq, kind, status, name, key, _decoded(request), _decoded(response), error)
-
-
-def _decoded(value: Any) -> Any:
-    """A JSON column's value as ``JSONField`` gives it (NULL and JSON null: None)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    return StepRecord(
+        seq, kind, status, name, key, db.json_value(request), db.json_value(response), error
+    )
