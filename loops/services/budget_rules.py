@@ -36,7 +36,8 @@ PARALLEL_MARGIN = 2
 #: How long a model call waits before asking again for admission on a shared budget.
 ADMISSION_RETRY_SECONDS = 0.2
 
-#: How long a journal may go without asking for admission when no metered limit binds it.
+#: How long a journal may go without asking for admission when no metered limit binds it,
+#: counted from the latest admission or write that read the run's limits or proved them unchanged.
 ADMISSION_RECHECK_SECONDS = 1.0
 
 _QUANTUM = Decimal("0.000001")

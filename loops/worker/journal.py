@@ -198,7 +198,8 @@ class DbJournal:
         pending, self._pending = self._pending, None
         if pending is not None:
             write = self.driver.db(step_fast.model_step_write, self.lease, pending)
-            _, self._rule = await self._carrying(write)
+            _, rule = await self._carrying(write)
+            self._learned(rule)
         while self._writing is not None:
             await asyncio.shield(self._writing)
 
@@ -340,7 +341,18 @@ class DbJournal:
         """A tool step was persisted: its seq, its count, and the run's rule for reads."""
         self._saw(start.seq)
         self._counted(name, request)
-        self._rule = start.rule
+        self._learned(start.rule)
+
+    def _learned(self, rule: step_records.ReadRule | None) -> None:
+        """The run's rule as of a write that read its limits or proved them unchanged (None:
+        not known). Unmetered, it answers what an admission would ask as freshly as one: the
+        next admission is due ADMISSION_RECHECK_SECONDS from this write; metered (a limit
+        added meanwhile) or not known (an exact write), the next model call asks."""
+        self._rule = rule
+        if rule is not None and rule.limits is not None and not budget_rules.metered(rule.limits):
+            self._unmetered_until = time.monotonic() + budget_rules.ADMISSION_RECHECK_SECONDS
+        else:
+            self._unmetered_until = 0.0
 
     async def record_call(
         self,
@@ -376,8 +388,9 @@ class DbJournal:
         # The role's harness limits on tokens and cost are judged here only when the tally
         # says one is used up (the database then decides).
         harness = self._judged(_MODEL_CALL)
-        # A run no tokens/cost limit binds needs no admission: skip the round trip, asking
-        # again at least every ADMISSION_RECHECK_SECONDS (a daily limit may appear).
+        # A run no tokens/cost limit binds needs no admission: skip the round trip while its
+        # limits were read or proved unchanged (an admission, a write) within the last
+        # ADMISSION_RECHECK_SECONDS (a daily limit may appear).
         if harness is None and self._unmetered_until > time.monotonic():
             return
         while True:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 from unittest import mock
 
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.test.utils import CaptureQueriesContext
 
 from loops import db
 from loops.models import LoopPattern, LoopRun, LoopStep, UsageBucket
 from loops.policy import PatternPolicy
+from loops.services import budget_rules
 from loops.services.claims import run_claim
 from loops.services.step_records import JournalOutOfStep
 from loops.services.steps import step_begin
@@ -222,3 +225,50 @@ def test_a_lost_lease_writes_nothing_in_the_one_round_trip_path() -> None:
     with pytest.raises(LeaseLost):
         read_step(journal, "b")
     assert LoopStep.objects.filter(run_id=lease.run_id).count() == count
+
+
+# --- the model call's admission: due a second after the run's limits were last read ---------
+
+
+def admission_queries(journal: DbJournal) -> int:
+    """The statements the journal's admission of a model call sent (0: it did not ask)."""
+    with CaptureQueriesContext(connections[DEFAULT_DB_ALIAS]) as queries:
+        run_async(journal.admit_model_call())
+    return len(queries)
+
+
+@pytest.fixture
+def short_recheck(monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(budget_rules, "ADMISSION_RECHECK_SECONDS", 0.2)
+    return 0.3
+
+
+def test_an_unmetered_journal_asks_again_once_its_limits_are_a_recheck_old(
+    short_recheck: float,
+) -> None:
+    journal = journal_for(leased())
+    assert admission_queries(journal) == 0  # its start read the limits
+    time.sleep(short_recheck)
+    assert admission_queries(journal) > 0
+
+
+def test_a_write_that_proved_the_limits_unchanged_is_as_fresh_as_an_admission(
+    short_recheck: float,
+) -> None:
+    journal = journal_for(leased())
+    time.sleep(short_recheck)
+    read_step(journal, "a")  # its fence proved the run's limits unchanged
+    assert admission_queries(journal) == 0
+
+
+def test_a_daily_tokens_limit_added_meanwhile_is_asked_about_after_the_next_write(
+    short_recheck: float,
+) -> None:
+    lease = leased()
+    journal = journal_for(lease)
+    run = LoopRun.objects.get(pk=lease.run_id)
+    LoopPattern.objects.filter(pk=run.pattern_id).update(
+        policy={"budgets": {"daily": {"tokens": 10_000}}}
+    )
+    read_step(journal, "a")  # the write read the new limits: the run is metered now
+    assert admission_queries(journal) > 0
