@@ -37,6 +37,7 @@ import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
+from orchestrator.dbthreads import connections_warm
 from orchestrator.sql import is_postgres
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class Announcer:
             if not taken:
                 continue
             try:
-                connection.close_if_unusable_or_obsolete()
+                connections_warm()  # no health check per NOTIFY through a burst
                 with connection.cursor() as cursor:
                     cursor.execute(NOTIFY_MANY_SQL, [CHANNEL, taken])
                 self.sent += len(taken)

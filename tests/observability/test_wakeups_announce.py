@@ -5,12 +5,14 @@ the write takes."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from loops import db
@@ -114,3 +116,25 @@ class TestAnnouncedAfterCommit:
             wakeups.announce([run_id])
         heard = _heard(listener, 2.0)
         assert set(ids) <= set(heard)
+
+    def test_a_steady_announcer_sends_no_health_check_per_notify(
+        self, listener: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        checks: list[str] = []
+        wrapper = type(connections[DEFAULT_DB_ALIAS])
+        original = wrapper.is_usable
+
+        def counted(self: Any) -> bool:
+            if threading.current_thread().name == "loopwright-announce":
+                checks.append("SELECT 1")
+            return bool(original(self))
+
+        monkeypatch.setattr(wrapper, "is_usable", counted)
+        sent_before = wakeups.announcer().sent
+        ids = [f"steady-{n}" for n in range(20)]
+        for run_id in ids:  # farther apart than the announcer gathers: a NOTIFY each, or nearly
+            wakeups.announce([run_id])
+            time.sleep(wakeups.COALESCE_SECONDS * 2)
+        assert set(ids) <= set(_heard(listener, 2.0))
+        assert wakeups.announcer().sent - sent_before == len(ids)
+        assert checks == []
