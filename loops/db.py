@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Field, Model
 from psycopg.adapt import Transformer
 
@@ -83,7 +83,7 @@ def prepared(model: type[Model], name: str, value: Any) -> Any:
     """``value`` as the field ``name`` of ``model`` sends it to the database."""
     field = model._meta.get_field(name)
     assert isinstance(field, Field)
-    return field.get_db_prep_save(value, connection)
+    return field.get_db_prep_save(value, connections[DEFAULT_DB_ALIAS])
 
 
 # --- batches: one transaction, as few network round trips as possible ---------------------------
@@ -292,10 +292,11 @@ def batch() -> Iterator[Batch]:
         with transaction.atomic():
             yield Batch()
         return
-    connection.ensure_connection()
-    raw = connection.connection
+    wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's, looked up once
+    wrapper.ensure_connection()
+    raw = wrapper.connection
     unprepared = statements_unprepared()
-    with connection.wrap_database_errors:
+    with wrapper.wrap_database_errors:
         try:
             sent = _SentInline(raw) if unprepared else _SentTogether(raw)
             with wakeups.collected():  # the runs it touched, announced once it committed

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import F, Field, Model, Q, Value
 from django.db.models.expressions import CombinedExpression, RawSQL
 from django.db.models.sql import UpdateQuery
@@ -42,10 +42,12 @@ def set_clause(model: type[Model], values: dict[str, Any]) -> tuple[str, list[An
     (the caller then uses :func:`update_sql`)."""
     parts, params = [], []
     meta = model._meta
+    wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's, looked up once (not per value)
+    quote = wrapper.ops.quote_name
     for name, value in values.items():
         field = meta.get_field(name)
         assert isinstance(field, Field)
-        column = connection.ops.quote_name(field.column)
+        column = quote(field.column)
         if isinstance(value, RawSQL):
             parts.append(f"{column} = {value.sql}")
             params.extend(value.params)
@@ -56,7 +58,7 @@ def set_clause(model: type[Model], values: dict[str, Any]) -> tuple[str, list[An
             raise NeedsCompiler(name)
         else:
             parts.append(f"{column} = %s")
-            params.append(field.get_db_prep_save(value, connection))
+            params.append(field.get_db_prep_save(value, wrapper))
     return ", ".join(parts), params
 
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils import timezone
 
 from loops import db
@@ -77,7 +77,8 @@ def _column(name: str) -> str:
 
 
 def _prepared(values: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
-    return [_field(name).get_db_prep_save(values[name], connection) for name in names]
+    wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's, looked up once (not per field)
+    return [_field(name).get_db_prep_save(values[name], wrapper) for name in names]
 
 
 def step_row(**values: Any) -> dict[str, Any]:
