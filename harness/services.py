@@ -9,6 +9,7 @@ this up in the database.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -33,6 +34,7 @@ from harness.planner import ToolPlan, plan_tools
 from harness.schema import DEFAULT_PLATFORM, HarnessSettings, SettingsInvalid, layer_validate
 from harness.selectors import profile_get, profile_open_draft
 from orchestrator.errors import Conflict, InvalidInput, NotFound
+from orchestrator.sql import fetch_all, placeholders
 from runtime.types import ToolSpec
 
 SEEDED_TAGS = frozenset({"default", "safe", "file-heavy"})
@@ -292,17 +294,41 @@ def profile_versions_current(refs: Iterable[str]) -> dict[str, HarnessProfileVer
             tags[ref] = match["tag"]
     if not tags:
         return {}
-    rows = HarnessProfile.objects.select_related("current_version").filter(
-        tag__in=set(tags.values())
-    )
-    profiles = {profile.tag: profile for profile in rows}
+    wanted = sorted(set(tags.values()))
+    current = {row[1]: row for row in fetch_all(_current_versions_sql(len(wanted)), wanted)}
     found: dict[str, HarnessProfileVersion] = {}
     for ref, tag in tags.items():
-        profile = profiles.get(tag)
-        if profile is not None and profile.current_version is not None:
-            found[ref] = profile.current_version
-            found[ref].profile = profile  # already at hand: no second query for it
+        if tag in current:
+            found[ref] = _current_version(*current[tag])
     return found
+
+
+def _current_versions_sql(count: int) -> str:
+    """The profiles of ``count`` tags with their current versions, in one plain read."""
+    profile, version = HarnessProfile._meta.db_table, HarnessProfileVersion._meta.db_table
+    tags = placeholders(range(count))
+    return (
+        f"SELECT p.id, p.tag, v.id, v.version, v.settings, v.status FROM {profile} p "  # noqa: S608 (table names)
+        f"JOIN {version} v ON v.id = p.current_version_id WHERE p.tag IN ({tags})"
+    )
+
+
+def _current_version(
+    profile_id: int, tag: str, version_id: int, number: int, settings: Any, status: str
+) -> HarnessProfileVersion:
+    """The version as the ORM loads it with only the columns a compile reads (any other is
+    deferred: read when first used), its profile attached."""
+    alias = DEFAULT_DB_ALIAS
+    decoded = json.loads(settings) if isinstance(settings, str | bytes) else settings  # jsonb: text
+    version = HarnessProfileVersion.from_db(
+        alias,
+        ["id", "profile_id", "version", "settings", "status"],
+        [version_id, profile_id, number, decoded, status],
+    )
+    version.profile = HarnessProfile.from_db(
+        alias, ["id", "tag", "current_version_id"], [profile_id, tag, version_id]
+    )
+    return version
 
 
 def harness_tag_exists(tag: str) -> bool:

@@ -33,6 +33,7 @@ from django.utils import timezone
 from loops.models import CircuitState, LoopPattern, RunStatus
 from loops.policy import CircuitBreakerPolicy, PatternPolicy
 from orchestrator.errors import Conflict
+from orchestrator.sql import fetch_one_prepared
 
 COOLDOWN_CAP_FACTOR = 16
 MAX_COOLDOWN_SECONDS = 86_400
@@ -151,14 +152,32 @@ def record(
 # --- the database ------------------------------------------------------------------------------
 
 
-def _from_row(row: CircuitState) -> Breaker:
+def _state_of(value: str) -> State:
+    """A stored state (an unknown value reads as closed)."""
     try:
-        current = State(row.state)
+        return State(value)
     except ValueError:
-        current = State.CLOSED
+        return State.CLOSED
+
+
+def _from_row(row: CircuitState) -> Breaker:
     return Breaker(
-        current, row.consecutive_failures, row.opened_at, row.cooldown_seconds, row.probe_owner
+        _state_of(row.state),
+        row.consecutive_failures,
+        row.opened_at,
+        row.cooldown_seconds,
+        row.probe_owner,
     )
+
+
+#: The state of one breaker row, by key (a pattern never tripped has none: closed).
+_STATE_SQL = f"SELECT state FROM {CircuitState._meta.db_table} WHERE key = %s"  # noqa: S608
+
+
+def _closed(pattern: LoopPattern) -> bool:
+    """Is the pattern's breaker closed? Its state column alone, read without the ORM."""
+    row = fetch_one_prepared("lw_breaker_state", _STATE_SQL, [key_of(pattern.key)])
+    return row is None or _state_of(str(row[0])) == State.CLOSED
 
 
 def _save(row: CircuitState, breaker: Breaker) -> None:
@@ -208,7 +227,7 @@ def breaker_admit_trigger(pattern: LoopPattern, now: datetime | None = None) -> 
     calls :func:`breaker_start_probe` with its id in the same transaction).
 
     A closed breaker is only read: triggers of a healthy pattern neither write nor wait."""
-    if breaker_read(pattern).state == State.CLOSED:
+    if _closed(pattern):
         return False
     row = _locked(pattern, _breaker_policy(pattern))
     admission = admit(_from_row(row), now or timezone.now())

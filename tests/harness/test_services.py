@@ -306,6 +306,11 @@ def test_the_current_versions_of_plain_tags_are_read_in_one_query(
         assert (tag, number, settings) == (one.profile.tag, one.version, one.settings)
     with django_assert_num_queries(0):
         assert profile_versions_current(["team@1", "bad ref"]) == {}
+    # A column the read left out is read when first used, never a default in its place.
+    one = profile_version_resolve("team")
+    assert found["team"].status == one.status == "published"
+    assert (found["team"].published_at, found["team"].pk) == (one.published_at, one.pk)
+    assert found["team"].profile.description == one.profile.description
 
 
 def test_a_compilation_from_versions_read_together_is_the_same_and_reads_no_profile(
