@@ -12,17 +12,31 @@ Holds: a request is bound to the executor with the fewest requests in flight (th
 tie, so an idle service keeps reusing one warm connection); executors are shared, never
 exhausted, so long-lived responses (event streams) do not hold others up. A web process holds
 at most ``REQUEST_THREADS`` connections for requests (plus :mod:`orchestrator.dbpool`'s).
+
+A plain (not streamed) response costs one thread hop: ``request_started``, the middleware chain
+and the view, and the response's close (``request_finished``) run together on the request's
+thread, then the event loop sends the body (Django hops three times: the signal, the chain, the
+close). A streamed response (a live stream) is sent as Django sends it: the client's
+disconnect stops it, and it is closed once sent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse, HttpRequest, HttpResponseBase
+from django.urls import set_script_prefix, set_urlconf
+from django.utils.log import log_response
 
 #: True while a request is served on a shared request thread: its connection is the thread's,
 #: kept for the requests after it (a live stream does not close it between reads).
@@ -64,6 +78,7 @@ class PooledThreadsASGIHandler(ASGIHandler):
         ``sync_to_async`` (a dozen thread hops a request, ~5 ms through uvicorn)."""
         super().load_middleware(is_async=False)
         chain: Any = self
+        self._sync_chain = chain._middleware_chain
         chain._middleware_chain = sync_to_async(chain._middleware_chain, thread_sensitive=True)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -76,3 +91,66 @@ class PooledThreadsASGIHandler(ASGIHandler):
                 await self.handle(scope, receive, send)
         finally:
             self.threads.release(index)
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        """Django's ``ASGIHandler.handle`` with the request's sync work in one thread hop
+        (:meth:`_respond`); what it sends, and when it closes a streamed response, are Django's."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:  # not even a request (a bad header, a body over the limit)
+            assert error_response is not None
+            await signals.request_started.asend(sender=self.__class__, scope=scope)
+            body_file.close()
+            await self.send_response(error_response, send)
+            await sync_to_async(error_response.close)()
+            return
+        try:
+            response = await sync_to_async(self._respond, thread_sensitive=True)(request, scope)
+            if response.streaming:
+                await self._stream(response, receive, send)
+            else:
+                await self.send_response(response, send)  # closed already
+        finally:
+            body_file.close()
+
+    def _respond(self, request: HttpRequest, scope: Any) -> HttpResponseBase:
+        """On the request's thread: what Django's ``handle`` and ``get_response_async`` do
+        before sending, and a plain response's close (its content is already rendered)."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        set_urlconf(settings.ROOT_URLCONF)
+        response: Any = self._sync_chain(request)
+        response._resource_closers.append(request.close)
+        if response.status_code >= 400:
+            log_response(
+                "%s: %s", response.reason_phrase, request.path, response=response, request=request
+            )
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):
+            response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()
+        return response
+
+    async def _stream(self, response: HttpResponseBase, receive: Any, send: Any) -> None:
+        """Send a streamed response until it ends or the client goes (as Django does), then
+        close it."""
+
+        async def sending() -> None:
+            with contextlib.suppress(asyncio.CancelledError):  # the client went away meanwhile
+                await self.send_response(response, send)
+
+        tasks = [
+            asyncio.create_task(self.listen_for_disconnect(receive)),
+            asyncio.create_task(sending()),
+        ]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+                await task  # any other error of either task is raised, as Django does
+        await sync_to_async(response.close)()
