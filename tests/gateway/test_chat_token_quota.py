@@ -120,7 +120,7 @@ class TestApiTokenQuotaSettings:
         rows = listed["results"] if isinstance(listed, dict) else listed
         dora = next(r for r in rows if r["user"] == "dora")
         assert dora["daily_token_quota"] == 1000 and dora["name"] == "dora's"
-        assert key.split("_")[2] not in str(listed) and "secret_hash" not in dora
+        assert key.split("_", 2)[2] not in str(listed) and "secret_hash" not in dora
         cleared = admin.patch(url, {"daily_cost_quota": None}, format="json")
         assert cleared.json()["daily_cost_quota"] is None
         assert cleared.json()["daily_token_quota"] == 1000
