@@ -77,9 +77,6 @@ class PooledThreadsASGIHandler(ASGIHandler):
         thread: Django's async mode awaits each async-capable middleware's hooks through its own
         ``sync_to_async`` (a dozen thread hops a request, ~5 ms through uvicorn)."""
         super().load_middleware(is_async=False)
-        chain: Any = self
-        self._sync_chain = chain._middleware_chain
-        chain._middleware_chain = sync_to_async(chain._middleware_chain, thread_sensitive=True)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -122,7 +119,8 @@ class PooledThreadsASGIHandler(ASGIHandler):
         before sending, and a plain response's close (its content is already rendered)."""
         signals.request_started.send(sender=self.__class__, scope=scope)
         set_urlconf(settings.ROOT_URLCONF)
-        response: Any = self._sync_chain(request)
+        handler: Any = self
+        response: Any = handler._middleware_chain(request)
         response._resource_closers.append(request.close)
         if response.status_code >= 400:
             log_response(

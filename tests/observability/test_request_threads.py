@@ -27,7 +27,8 @@ from tests.support.workers import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-APP_NAME = "lw-request-threads-test"
+#: Unique to this test process: tests on other xdist workers run web processes of their own.
+APP_NAME = f"lw-request-threads-test-{os.getpid()}"
 
 
 @pytest.fixture
