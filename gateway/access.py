@@ -152,6 +152,7 @@ def prepare_chat(authorization: str, request: CompletionRequest | OpenAIError) -
     prepared = prepare_for(authorization, request)
     turn = ChatTurn(messages=prepared.request.messages, user=prepared.user.username)
     chat = chat_invocation(employee=prepared.profile.username, harness=prepared.harness, turn=turn)
+    chat = replace(chat, employee_tools=prepared.profile.tools)
     return replace(prepared, prompt_blocks=prompt_blocks_here(chat))
 
 

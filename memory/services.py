@@ -14,11 +14,12 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
 from memory.models import MemoryItem, MemoryItemScope, MemoryUse, MemoryUseKind
 from orchestrator.errors import full_clean_or_invalid
+from orchestrator.sql import fetch_all_prepared
 
 #: The block's opening and closing tags.
 BLOCK_OPEN, BLOCK_CLOSE = "<agent_memory_context>", "</agent_memory_context>"
@@ -263,18 +264,22 @@ def newest_visible(
 ) -> list[MemoryItem]:
     """``memory_visible(...)[:limit]`` (scope and content only) in one hand-written statement:
     every chat and invocation reads it before its first model call, so the ORM's query
-    building is left out (docs/performance.md)."""
+    building is left out, and on PostgreSQL it is prepared once per shape (docs/performance.md)."""
     where: list[str] = []
     params: list[Any] = []
+    shape = ""  # which clauses the statement has: its prepared name
     if MemoryItemScope.PUBLIC in scopes:
         where.append("scope = %s")
         params.append(MemoryItemScope.PUBLIC.value)
+        shape += "p"
     if user and MemoryItemScope.USER in scopes:
         where.append("(scope = %s AND username = %s)")
         params += [MemoryItemScope.USER.value, user]
+        shape += "u"
     if user and employee and MemoryItemScope.AGENT_USER in scopes:
         where.append("(scope = %s AND username = %s AND employee = %s)")
         params += [MemoryItemScope.AGENT_USER.value, user, employee]
+        shape += "a"
     if not where:
         return []
     table = MemoryItem._meta.db_table
@@ -282,9 +287,7 @@ def newest_visible(
         f"SELECT id, scope, content FROM {table} WHERE {' OR '.join(where)} "  # noqa: S608 (constants)
         "ORDER BY created_at DESC LIMIT %s"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, limit])
-        rows = cursor.fetchall()
+    rows = fetch_all_prepared(f"lw_memory_newest_{shape}", sql, [*params, limit])
     return [MemoryItem(id=uuid.UUID(str(i)), scope=s, content=c) for i, s, c in rows]
 
 

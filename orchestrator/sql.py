@@ -84,20 +84,32 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def fetch_one_prepared(name: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-    """``sql``'s first row. On PostgreSQL outside a transaction, through a statement each
+    """``sql``'s first row, through :func:`fetch_all_prepared`'s statement ``name``."""
+    rows = _fetch_prepared(name, sql, params, many=False)
+    return rows[0] if rows else None
+
+
+def fetch_all_prepared(name: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """``sql``'s rows. On PostgreSQL outside a transaction, through a statement each
     connection prepares once as ``name`` (its plan is reused: planning a read of many small
     joins can cost more than running it); elsewhere, and behind a transaction pooler
     (:func:`statements_unprepared`), a plain query. ``sql`` has ``%s``
     placeholders and no other ``%``."""
+    return _fetch_prepared(name, sql, params, many=True)
+
+
+def _fetch_prepared(
+    name: str, sql: str, params: Sequence[Any], *, many: bool
+) -> list[tuple[Any, ...]]:
     if not _NAME.fullmatch(name):
         raise ValueError(f"not a statement name: {name!r}")
     if not is_postgres() or connection.in_atomic_block or statements_unprepared():
-        return _fetch_one(sql, params)
+        return _fetch(sql, params, many)
     connection.ensure_connection()
     raw = connection.connection
     names = _PREPARED.setdefault(raw, set())
     if names is None:
-        return _fetch_one(sql, params)
+        return _fetch(sql, params, many)
     try:
         with connection.cursor() as cursor:
             if name not in names:
@@ -106,21 +118,21 @@ def fetch_one_prepared(name: str, sql: str, params: Sequence[Any]) -> tuple[Any,
                 cursor.execute(f"PREPARE {name} AS {body}")
                 names.add(name)
             cursor.execute(f"EXECUTE {name}({placeholders(params)})", params)
-            row = cursor.fetchone()
+            rows = cursor.fetchall() if many else cursor.fetchmany(1)
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) not in {"26000", "42P05"}:
             raise
         # Not prepared where it ran, or prepared already: the session is not ours alone.
         _PREPARED[raw] = None
-        return _fetch_one(sql, params)
-    return None if row is None else tuple(row)
+        return _fetch(sql, params, many)
+    return [tuple(row) for row in rows]
 
 
-def _fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+def _fetch(sql: str, params: Sequence[Any], many: bool) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return None if row is None else tuple(row)
+        rows = cursor.fetchall() if many else cursor.fetchmany(1)
+    return [tuple(row) for row in rows]
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:

@@ -68,6 +68,9 @@ class InvocationRequest:
     #: The prompt blocks of the apps (``runtime.prompt_context``), when the caller read them
     #: already (a chat, with its preparation); None: the employee's prompt asks for them.
     prompt_blocks: tuple[str, ...] | None = None
+    #: The employee's bound tool names, as the caller read them with its (current) profile, for
+    #: the prompt blocks; None: a provider that needs them reads them.
+    employee_tools: tuple[str, ...] | None = None
     #: ``{name: version}`` of the instructions the run pinned (``${instructions.name}`` in a
     #: prompt renders that version); {}: the latest published (a chat).
     instructions: Mapping[str, int] = field(default_factory=dict)

@@ -2,7 +2,8 @@
 block of an employee's system prompt and the ``skill`` tool that loads a skill's instructions.
 
 :class:`SkillCataloguePrompt` is a ``runtime.prompt_context`` provider: for an employee that
-binds the ``skill`` tool (its ``tools`` list, one indexed read) and that some directory lists,
+binds the ``skill`` tool (its ``tools`` list: the request's ``employee_tools`` when the caller
+read its profile, else one indexed read) and that some directory lists,
 it gives ``name: description`` of each skill it may load (instructions are not inlined).
 :class:`DirectorySkillToolProvider` is a :class:`~runtime.tools.registry.ToolProvider` with the
 one ``skill`` tool, a read: it answers with the instructions of a skill of a directory that
@@ -81,7 +82,13 @@ class SkillCataloguePrompt:
         return await _THREADS.run(block)
 
     def prompt_block_here(self, request: InvocationRequest) -> str:
-        if not employee_binds(request.employee_username, SKILL_TOOL):
+        tools = request.employee_tools
+        binds = (
+            SKILL_TOOL in tools
+            if tools is not None
+            else employee_binds(request.employee_username, SKILL_TOOL)
+        )
+        if not binds:
             return ""
         return catalogue_block(request.employee_username)
 

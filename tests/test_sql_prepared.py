@@ -1,6 +1,6 @@
-"""``orchestrator.sql.fetch_one_prepared``: on PostgreSQL a statement each connection prepares
+"""``orchestrator.sql.fetch_one_prepared`` and ``fetch_all_prepared``: on PostgreSQL a statement each connection prepares
 once and then executes; in a transaction, on SQLite, or where the session does not keep its
-statements (a transaction-pooling proxy), the same row from a plain query."""
+statements (a transaction-pooling proxy), the same rows from a plain query."""
 
 from __future__ import annotations
 
@@ -52,6 +52,27 @@ def test_postgres_prepares_once_per_connection_and_survives_losing_it() -> None:
     assert "lw_test_join" in _prepared_here()
 
 
+ROWS = (
+    "SELECT n FROM (SELECT 1 AS n UNION ALL SELECT 2 UNION ALL SELECT 3) AS t "
+    "WHERE n >= %s ORDER BY n"
+)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_row_comes_prepared_or_plain() -> None:
+    assert sql.fetch_all_prepared("lw_test_rows", ROWS, [2]) == [(2,), (3,)]
+    assert sql.fetch_all_prepared("lw_test_rows", ROWS, [1]) == [(1,), (2,), (3,)]
+    assert sql.fetch_all_prepared("lw_test_rows", ROWS, [4]) == []
+    with transaction.atomic():
+        assert sql.fetch_all_prepared("lw_test_rows", ROWS, [3]) == [(3,)]
+    if connection.vendor == "postgresql" and not sql.statements_unprepared():
+        assert "lw_test_rows" in _prepared_here()
+    # The first row of the same statement, as fetch_one_prepared reads it.
+    assert sql.fetch_one_prepared("lw_test_rows", ROWS, [2]) == (2,)
+
+
 def test_statement_names_are_plain_identifiers() -> None:
     with pytest.raises(ValueError, match="not a statement name"):
         sql.fetch_one_prepared("x; DROP TABLE y", SQL, ["a", "b"])
+    with pytest.raises(ValueError, match="not a statement name"):
+        sql.fetch_all_prepared("Upper", SQL, ["a", "b"])

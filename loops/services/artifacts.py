@@ -1,19 +1,36 @@
-"""A run's artifacts that tools bring back (``runtime.run_artifacts``): one row per file and
-source, so a re-issued call stores its files once."""
+"""A run's artifacts: those tools bring back (``runtime.run_artifacts``: one row per file and
+source, so a re-issued call stores its files once), and the list a verification reads."""
 
 from __future__ import annotations
 
 import base64
 import uuid
+from typing import Any
 
 from django.db import transaction
 
 from loops.models import LoopArtifact, LoopRun
+from orchestrator.sql import fetch_all_prepared, is_postgres
 from runtime.run_artifacts import ToolFile
 
 #: The artifact ``kind`` of a file a tool brought back.
 TOOL_FILE = "tool-file"
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/yaml")
+
+
+_RUN_ARTIFACTS_SQL = (
+    "SELECT id, kind, name FROM loops_loopartifact WHERE run_id = %s ORDER BY created_at, id"
+)
+
+
+def run_artifacts(run_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The run's artifacts as ``{"id", "kind", "name"}`` (ids as UUIDs), oldest first. On
+    PostgreSQL one prepared read (every verification reads them twice)."""
+    if is_postgres():
+        rows = fetch_all_prepared("lw_run_artifacts", _RUN_ARTIFACTS_SQL, [run_id])
+        return [{"id": i, "kind": k, "name": n} for i, k, n in rows]
+    found = LoopArtifact.objects.filter(run_id=run_id).order_by("created_at", "id")
+    return [dict(row) for row in found.values("id", "kind", "name")]
 
 
 def _encoded(file: ToolFile) -> tuple[str, str]:

@@ -76,7 +76,7 @@ from loops.services.budget_sql import fence_limits_sql
 from loops.services.harness_limits import HarnessLimits, tightened
 from loops.services.transitions import Lease, run_event_append
 from orchestrator.errors import Conflict, InvalidInput
-from orchestrator.sql import execute, fetch_all
+from orchestrator.sql import execute, fetch_all, fetch_all_prepared, is_postgres
 from runtime.invocation import LeaseLost
 
 
@@ -128,13 +128,20 @@ def _ensure(scope: str, metrics: Iterable[str]) -> None:
     )
 
 
+_USAGE_SQL = "SELECT metric, value FROM loops_usagebucket WHERE scope = %s AND metric = ANY(%s)"
+
+
 def usage(scope: str, metrics: Iterable[str]) -> dict[str, Decimal]:
+    """What ``scope`` has used of each of ``metrics`` (0 for a bucket not made yet). On
+    PostgreSQL one prepared read (an invocation's start asks for its harness-bound metrics)."""
     wanted = list(metrics)
     if not wanted:
         return {}
-    rows = dict(
-        UsageBucket.objects.filter(scope=scope, metric__in=wanted).values_list("metric", "value")
-    )
+    if is_postgres():
+        rows = dict(fetch_all_prepared("lw_usage_of_scope", _USAGE_SQL, [scope, wanted]))
+    else:
+        buckets = UsageBucket.objects.filter(scope=scope, metric__in=wanted)
+        rows = dict(buckets.values_list("metric", "value"))
     return {m: amount(rows.get(m) or 0) for m in wanted}
 
 

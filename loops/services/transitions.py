@@ -30,7 +30,14 @@ from loops.services.nudges import nudge_run
 from loops.services.waits import WAIT_ENDED_EVENT, WaitPoll, wait_poll, wait_summary
 from loops.state import TransitionRefused
 from orchestrator import wakeups
-from orchestrator.sql import fetch_all, now_sql, placeholders, uuid_param
+from orchestrator.sql import (
+    fetch_all,
+    fetch_all_prepared,
+    is_postgres,
+    now_sql,
+    placeholders,
+    uuid_param,
+)
 from runtime.invocation import LeaseLost
 
 #: States that record a ``terminal_reason`` (and usually a ``failure_reason`` text).
@@ -473,3 +480,24 @@ def run_update_fenced(lease: Lease, **fields: Any) -> None:
         written = batch.add(sql, params)
     if not written.rowcount:
         raise LeaseLost(f"lease on run {lease.run_id} is no longer held by {lease.owner}")
+
+
+_STATUS_CHANGES_SQL = (
+    "SELECT to_status, created_at FROM loops_loopevent "
+    "WHERE run_id = %s AND to_status <> '' ORDER BY seq"
+)
+
+
+def run_status_changes(run_id: uuid.UUID) -> list[tuple[str, Any]]:
+    """The run's status changes in order: ``(to_status, created_at)`` (aware datetimes). On
+    PostgreSQL one prepared read (an invocation's start asks, for the working time); SQLite's
+    stored text needs the ORM's conversion."""
+    if is_postgres():
+        return fetch_all_prepared("lw_run_status_changes", _STATUS_CHANGES_SQL, [run_id])
+    changes = (
+        LoopEvent.objects.filter(run_id=run_id)
+        .exclude(to_status="")
+        .order_by("seq")
+        .values_list("to_status", "created_at")
+    )
+    return list(changes)

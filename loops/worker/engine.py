@@ -27,6 +27,7 @@ from loops.roles import PLAN_SCHEMA, VERDICT_SCHEMA
 from loops.services import budget_rules, claim_sql
 from loops.services import steps as step_services
 from loops.services.approvals import approvals_open
+from loops.services.artifacts import run_artifacts
 from loops.services.checkpoints import resume_point_of
 from loops.services.claims import Claimed
 from loops.services.endings import run_transition
@@ -516,7 +517,7 @@ def _context_for(run: RunState, role: LoopRole) -> dict[str, Any]:
             response_format="json_schema",
             response_schema=VERDICT_SCHEMA,
             required_checks=run.policy.get("requiredChecks", []),
-            artifacts=list(LoopArtifact.objects.filter(run_id=run.id).values("id", "kind", "name")),
+            artifacts=run_artifacts(run.id),
         )
     return context
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from loops.models import LoopEvent, RunStatus
+from loops.models import RunStatus
 from loops.services import budget_rules, budgets
 from loops.services import steps as step_services
 from loops.services.endings import run_transition
@@ -30,7 +30,7 @@ from loops.services.harness_limits import (
     isolation_refusal,
     working_seconds,
 )
-from loops.services.transitions import Lease
+from loops.services.transitions import Lease, run_status_changes
 from runtime.invocation import HarnessLimitReached, LoopRole
 
 T = TypeVar("T")
@@ -55,13 +55,7 @@ class Opened:
 
 def worked(run_id: Any) -> float:
     """Seconds the run has worked so far (running, verifying), from its status changes."""
-    changes = (
-        LoopEvent.objects.filter(run_id=run_id)
-        .exclude(to_status="")
-        .order_by("seq")
-        .values_list("to_status", "created_at")
-    )
-    return working_seconds(changes, timezone.now())
+    return working_seconds(run_status_changes(run_id), timezone.now())
 
 
 def invocation_open(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
-from loops.models import LoopArtifact, RunStatus
+from loops.models import RunStatus
 from loops.roles import judge_verdict
+from loops.services.artifacts import run_artifacts
 from loops.services.endings import run_transition
 from loops.services.transitions import Lease
 
@@ -25,9 +26,7 @@ def conclude_verdict(lease: Lease, run: JudgedRun, verdict: dict[str, Any]) -> N
 
     Missing required checks and evidence that is not an artifact of this run make the verdict
     an escalation (``judge_verdict``)."""
-    artifact_ids = {
-        str(i) for i in LoopArtifact.objects.filter(run_id=run.id).values_list("id", flat=True)
-    }
+    artifact_ids = {str(artifact["id"]) for artifact in run_artifacts(run.id)}
     value, problems = judge_verdict(
         verdict,
         required_checks=list(run.policy.get("requiredChecks", [])),

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
 from harness.autonomy import autonomy_gates, plan_effects
 from harness.planner import plan_tools
@@ -38,6 +37,7 @@ from orchestrator.agents.routing import (
     rule_targets,
 )
 from orchestrator.errors import NotFound
+from orchestrator.sql import fetch_one_prepared
 from runtime.breaker import CircuitBreaker
 from runtime.invocation import InvocationRequest, LoopRole
 from runtime.loop import LoopSettings, ToolLoopInvoker
@@ -203,9 +203,7 @@ class ProfileCache:
     def get(self, username: str) -> EmployeeProfile:
         """The profile of ``username`` (call on a thread with a database connection); raises
         NotFound for an unknown employee."""
-        with connection.cursor() as cursor:
-            cursor.execute(_SIGNATURE, [username])
-            row = cursor.fetchone()
+        row = fetch_one_prepared("lw_profile_signature", _SIGNATURE, [username])
         if row is None:
             raise NotFound(f"No AI employee named {username}.")
         signature = tuple(row)
@@ -277,7 +275,9 @@ async def employee_system_prompt(profile: EmployeeProfile, request: InvocationRe
     prompt = f"{own}\n\n{base}" if own else base
     blocks = request.prompt_blocks
     if blocks is None:
-        blocks = tuple(await prompt_blocks(request))
+        blocks = tuple(
+            await prompt_blocks(dataclasses.replace(request, employee_tools=profile.tools))
+        )
     return "\n\n".join([prompt, *blocks])
 
 

@@ -17,6 +17,7 @@ from orchestrator.agents import clients
 from orchestrator.agents.models import Employee
 from orchestrator.agents.services import employee_create, employee_update, model_endpoint_create
 from orchestrator.agents.wiring import ProfileCache, employee_tool_loop
+from runtime import prompt_context
 from runtime.chat import ChatTurn, chat_complete
 from runtime.invocation import InvocationOutcome, InvocationRequest, LoopRole, OutcomeKind
 from runtime.loop import ToolLoopInvoker
@@ -169,3 +170,34 @@ def test_stream_retry_mode_full_retries_a_stream_broken_midway(
     with pytest.raises(Exception, match="stream broke after output was delivered"):
         invoke(streamer)
     assert len(model_server.bodies) == 3
+
+
+class ToolsSeen:
+    """A prompt provider that records the employee tools each request came with."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, ...] | None] = []
+
+    async def prompt_block(self, request: InvocationRequest) -> str:
+        return self.prompt_block_here(request)
+
+    def prompt_block_here(self, request: InvocationRequest) -> str:
+        self.seen.append(request.employee_tools)
+        return ""
+
+
+def test_the_prompt_providers_get_the_tools_of_the_profile_the_invocation_read(
+    model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ada = make_employee(model_server, "ada", tools=["skill", "read"])
+    seen = ToolsSeen()
+    monkeypatch.setattr(prompt_context, "_PROVIDERS", [seen])
+    model_server.queue(Completion(content="Done."))
+    loop = tool_loop(ada.username)
+    request = InvocationRequest(
+        run_id=uuid.uuid4(), role=LoopRole.MAKER, invocation="maker:0",
+        employee_username=ada.username, goal="Describe it.", harness=HARNESS,
+    )  # fmt: skip
+    outcome = asyncio.run(loop.invoke(request, MemoryJournal()))
+    assert outcome.kind == OutcomeKind.COMPLETED, outcome
+    assert seen.seen == [("skill", "read")]

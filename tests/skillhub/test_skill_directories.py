@@ -6,14 +6,22 @@ read, and bad input is a 400 problem with a pointer."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from skillhub.directory_tools import catalogue_block
-from skillhub.services.directories import skill_instructions
+from runtime.chat import ChatTurn, chat_invocation
+from skillhub.directory_tools import SkillCataloguePrompt, catalogue_block
+from skillhub.services.directories import (
+    skill_directory_create,
+    skill_directory_sync,
+    skill_instructions,
+)
 from tests.knowledge.kb_support import employee
 from tests.support.git_server import GitHttpServer, git
 
@@ -155,3 +163,25 @@ def test_a_git_folder_syncs(operator_client: APIClient, served: tuple[Path, GitH
     operator_client.patch(f"{URL}/git-skills", {"path": "nope"}, format="json")
     missing = problem(operator_client.post(f"{URL}/git-skills/sync"), 400)
     assert missing["type"].endswith("git-import-error")
+
+
+def test_the_catalogue_takes_the_employee_s_tools_from_the_request_when_it_has_them(
+    root: Path, django_assert_num_queries: Any
+) -> None:
+    """The run's invocation and the chat pass the tools of the profile they read (a current
+    one), so the prompt block does not read the employee again; without them it reads."""
+    ada = employee("ada")
+    ada.tools = ["skill"]
+    ada.save()
+    directory = skill_directory_create(key="team", source="folder", path="team", employees=["ada"])
+    skill_directory_sync(directory=directory)
+    chat = chat_invocation(employee="ada", harness={}, turn=ChatTurn(messages=[], user="alice"))
+    prompt = SkillCataloguePrompt()
+
+    read = prompt.prompt_block_here(chat)  # no tools given: the employee's row says
+    assert "- pdf: Fill in PDF forms." in read
+    with CaptureQueriesContext(connection) as given:
+        assert prompt.prompt_block_here(replace(chat, employee_tools=("skill",))) == read
+    assert not [q for q in given.captured_queries if "agents_employee" in q["sql"]]
+    with django_assert_num_queries(0):  # bound nothing the catalogue needs: nothing to read
+        assert prompt.prompt_block_here(replace(chat, employee_tools=("read",))) == ""
