@@ -466,8 +466,7 @@ async def _invoke(
     except (LeaseLost, OperationalError, InterfaceError):
         raise
     except Exception as exc:
-        # A bug or an unexpected failure in the invoker: fail the run with its cause rather
-        # than letting the lease expire again and again.
+        # A bug in the invoker: fail the run with its cause, not a lease expiring again and again.
         logger.exception("run %s: %s invocation raised", run.id, name)
         with contextlib.suppress(Exception):
             await journal.flush()
