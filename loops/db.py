@@ -209,6 +209,8 @@ class _SentInline(_SentTogether):
 
 
 _TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+#: "cached plan must not change result type": a statement prepared before a migration.
+_RESULT_CHANGED = "0A000"
 
 #: The statements prepared on each PostgreSQL connection (by name), kept with the connection.
 _PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -302,8 +304,13 @@ def batch() -> Iterator[Batch]:
             with wakeups.collected():  # the runs it touched, announced once it committed
                 yield sent
                 sent.commit()
-        except BaseException:
+        except BaseException as exc:
             raw.rollback()  # autocommit connection: ROLLBACK only if a transaction is open
             if not raw.closed and not unprepared:
+                if getattr(exc, "sqlstate", None) == _RESULT_CHANGED:
+                    # A migration changed what a prepared statement returns: every statement
+                    # of this session is prepared again at its next use (this write failed).
+                    with contextlib.suppress(psycopg.Error):
+                        raw.execute("DEALLOCATE ALL")
                 _resync_prepared(raw)
             raise

@@ -80,6 +80,9 @@ def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
 #: connection's session does not keep them (a transaction-pooling proxy), plain queries only.
 _PREPARED: weakref.WeakKeyDictionary[Any, set[str] | None] = weakref.WeakKeyDictionary()
 _PLACEHOLDER = re.compile(r"%s")
+#: What an ``EXECUTE`` of a statement this connection prepared may meet: not prepared (26000),
+#: prepared already (42P05), "cached plan must not change result type" (0A000).
+_NOT_OURS = frozenset({"26000", "42P05", "0A000"})
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
@@ -120,9 +123,10 @@ def _fetch_prepared(
             cursor.execute(f"EXECUTE {name}({placeholders(params)})", params)
             rows = cursor.fetchall() if many else cursor.fetchmany(1)
     except DatabaseError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) not in {"26000", "42P05"}:
+        if getattr(exc.__cause__, "sqlstate", None) not in _NOT_OURS:
             raise
-        # Not prepared where it ran, or prepared already: the session is not ours alone.
+        # Not prepared where it ran, prepared already (the session is not ours alone), or its
+        # result's shape changed under it (a migration): plain queries on this connection.
         _PREPARED[raw] = None
         return _fetch(sql, params, many)
     return [tuple(row) for row in rows]

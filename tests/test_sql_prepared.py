@@ -71,6 +71,29 @@ def test_every_row_comes_prepared_or_plain() -> None:
     assert sql.fetch_one_prepared("lw_test_rows", ROWS, [2]) == (2,)
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_whose_result_changed_type_under_it_reads_plainly() -> None:
+    """A migration that changes a column a prepared read returns (a rolling upgrade's old
+    worker still holds the statement): the next read comes from a plain query."""
+    if connection.vendor != "postgresql" or sql.statements_unprepared():
+        pytest.skip("a prepared statement's cached plan is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE lw_test_shape (v integer)")
+        cursor.execute("INSERT INTO lw_test_shape VALUES (1)")
+    try:
+        read = "SELECT v FROM lw_test_shape WHERE %s::int IS NOT NULL"
+        assert sql.fetch_all_prepared("lw_test_shape_read", read, [0]) == [(1,)]
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE lw_test_shape ALTER COLUMN v TYPE text")
+        assert sql.fetch_all_prepared("lw_test_shape_read", read, [0]) == [("1",)]
+        assert sql.fetch_all_prepared("lw_test_shape_read", read, [0]) == [("1",)]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE lw_test_shape")
+        connection.close()  # the next test's connection prepares again
+
+
 def test_statement_names_are_plain_identifiers() -> None:
     with pytest.raises(ValueError, match="not a statement name"):
         sql.fetch_one_prepared("x; DROP TABLE y", SQL, ["a", "b"])

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, NotSupportedError, connection
 
 from loops import db
 from orchestrator.sql import fetch_all
@@ -101,3 +101,26 @@ def test_a_batch_is_one_round_trip_per_sync_on_postgresql(probe_table: None) -> 
         batch.add(f"INSERT INTO {TABLE} (id, note) VALUES (%s, %s)", [9, "n9"])
     assert db.round_trips() - before == 3
     assert len(_notes()) == 6
+
+
+def test_a_migration_under_a_prepared_statement_fails_one_write_not_the_connection(
+    probe_table: None,
+) -> None:
+    """A rolling upgrade's old worker: a column its prepared statement returns changed type.
+    That write fails (nothing of it is kept); the connection's next batch prepares again."""
+    if not db.batches_are_sent_together() or connection.vendor != "postgresql":
+        pytest.skip("prepared statements in batches are PostgreSQL's")
+    read = f"SELECT id, at FROM {TABLE} WHERE id = %s"
+    with db.batch() as batch:
+        batch.add(f"INSERT INTO {TABLE} (id, note, at) VALUES (%s, %s, %s)", [1, "a", "7"])
+        batch.add(read, [1])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {TABLE} ALTER COLUMN at TYPE INTEGER USING at::integer")
+    with pytest.raises(NotSupportedError), db.batch() as batch:
+        batch.add(f"INSERT INTO {TABLE} (id, note) VALUES (%s, %s)", [2, "lost"])
+        batch.add(read, [1])
+    with db.batch() as batch:
+        batch.add(f"INSERT INTO {TABLE} (id, note) VALUES (%s, %s)", [3, "kept"])
+        again = batch.add(read, [1])
+    assert again.rows == [(1, 7)]
+    assert _notes() == [(1, "a"), (3, "kept")]
