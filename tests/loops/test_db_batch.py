@@ -18,7 +18,7 @@ import pytest
 from django.db import IntegrityError, NotSupportedError, connection
 
 from loops import db
-from orchestrator.sql import fetch_all
+from orchestrator.sql import fetch_all, statements_unprepared
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TABLE = "lw_batch_probe"
@@ -108,8 +108,8 @@ def test_a_migration_under_a_prepared_statement_fails_one_write_not_the_connecti
 ) -> None:
     """A rolling upgrade's old worker: a column its prepared statement returns changed type.
     That write fails (nothing of it is kept); the connection's next batch prepares again."""
-    if not db.batches_are_sent_together() or connection.vendor != "postgresql":
-        pytest.skip("prepared statements in batches are PostgreSQL's")
+    if not db.batches_are_sent_together() or statements_unprepared():
+        pytest.skip("prepared statements in batches are PostgreSQL's, without a pooler")
     read = f"SELECT id, at FROM {TABLE} WHERE id = %s"
     with db.batch() as batch:
         batch.add(f"INSERT INTO {TABLE} (id, note, at) VALUES (%s, %s, %s)", [1, "a", "7"])
