@@ -167,10 +167,13 @@ class LoopRun(models.Model):
             models.Index(fields=["pattern", "status"], name="loops_run_pattern_status"),
             # A plain index (db_index=True would add a second, LIKE-only one on PostgreSQL).
             models.Index(fields=["status"], name="loops_run_status"),
+            # The reaper's expired leases. Its predicate is one no fence implies: on
+            # ``lease_owner IS NOT NULL`` a fence (``id = … AND lease_owner = …``) could be
+            # planned as a scan of every leased run instead of the primary key lookup.
             models.Index(
                 fields=["lease_expires_at"],
                 name="loops_run_leased",
-                condition=Q(lease_owner__isnull=False),
+                condition=Q(lease_expires_at__isnull=False),
             ),
         ]
         constraints = [
