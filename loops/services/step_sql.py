@@ -265,10 +265,10 @@ def invocation_started(lease: Lease, invocation: str) -> Statement:
 
 
 def call_counts(lease: Lease) -> Statement:
-    """The run's tool steps counted by call hash (the tool-loop policy's counts)."""
+    """The run's repeated tool calls counted by call hash (``steps.call_counts``)."""
     sql = (
         "SELECT call_hash, COUNT(*) FROM loops_loopstep WHERE run_id = %s AND kind = 'tool' "
-        "AND call_hash IS NOT NULL GROUP BY call_hash"
+        "AND call_hash IS NOT NULL GROUP BY call_hash HAVING COUNT(*) > 1"
     )
     return sql, [lease.run_id]
 
@@ -332,7 +332,7 @@ def invocation_start_unchanged(
         "r.policy_snapshot, (SELECT p.policy FROM loops_looppattern p WHERE p.id = r.pattern_id), "
         "(SELECT jsonb_agg(jsonb_build_array(c.call_hash, c.n)) FROM (SELECT call_hash, "
         "COUNT(*) AS n FROM loops_loopstep WHERE run_id = r.id AND kind = 'tool' "
-        "AND call_hash IS NOT NULL GROUP BY call_hash) c) "
+        "AND call_hash IS NOT NULL GROUP BY call_hash HAVING COUNT(*) > 1) c) "
         f"FROM loops_looprun r WHERE {FENCE}"
     )
     params = [*fence_params(lease), *fingerprint, invocation, lease.owner, *event]

@@ -95,11 +95,14 @@ def invocation_begin(
 
 
 def call_counts(run_id: uuid.UUID) -> dict[str, int]:
-    """How often each tool call (name and arguments, hashed) was made in the run so far."""
+    """How often each tool call (name and arguments, hashed) made more than once in the run
+    so far was made: any other was made at most once (what ``DbJournal.runs_first`` needs,
+    without reading a long run's every call at each start)."""
     rows = (
         LoopStep.objects.filter(run_id=run_id, kind=StepKind.TOOL, call_hash__isnull=False)
         .values_list("call_hash")
         .annotate(n=Count("id"))
+        .filter(n__gt=1)
     )
     return {str(digest): int(n) for digest, n in rows}
 

@@ -78,9 +78,13 @@ class DbJournal:
         self._pending: step_records.ModelStep | None = None
         self._writing: asyncio.Future[None] | None = None
         #: The run's rule for reads as of the latest write, and its calls so far by hash
-        #: (None: not known; every read is then begun before it runs).
+        #: (None: not known; every read is then begun before it runs): those made more than
+        #: once before the start exactly, and those this journal wrote since; any other call
+        #: was made at most ``_unlisted`` times before the start (0 in a run without steps).
         self._rule: step_records.ReadRule | None = None
         self._calls: dict[str, int] | None = None
+        self._listed: frozenset[str] = frozenset()
+        self._unlisted = 1
         #: Where the invocation resumes (its checkpoint and the steps after it), read early
         #: (:meth:`read_steps_early`) or with the claim (:meth:`steps_read`).
         self._early_steps: asyncio.Future[ResumePoint] | None = None
@@ -138,14 +142,16 @@ class DbJournal:
         """What the invocation's start found: a ``fresh`` invocation has no steps yet (none is
         written before its start is counted); an unmetered run needs no admission for now;
         ``steps`` is the run's step count, from which the journal numbers model steps;
-        ``limits`` and ``calls`` (the run's tool calls by hash) say which reads may run before
-        they are persisted (:meth:`runs_first`); ``usage`` the run's usage of the metrics its
-        harness bounds."""
+        ``limits`` and ``calls`` (the run's tool calls made more than once, by hash:
+        ``steps.call_counts``) say which reads may run before they are persisted
+        (:meth:`runs_first`); ``usage`` the run's usage of the metrics its harness bounds."""
         self._usage = usage
         self._fresh = fresh
         self._steps = steps
         self._rule = None if limits is None else step_records.read_rule(limits)
-        self._calls = calls
+        self._calls = None if calls is None else dict(calls)
+        self._listed = frozenset(calls or ())
+        self._unlisted = 0 if steps == 0 else 1
         if not metered:
             self._unmetered_until = time.monotonic() + budget_rules.ADMISSION_RECHECK_SECONDS
 
@@ -162,7 +168,14 @@ class DbJournal:
             return False
         if self._judged(_TOOL_CALL) is not None:
             return False
-        return self._rule.runs_first(name, self._calls.get(_digest(name, request), 0) + 1)
+        return self._rule.runs_first(name, self._made_before(_digest(name, request)) + 1)
+
+    def _made_before(self, digest: str) -> int:
+        """How often the call was made in the run: exactly, or at most (an upper bound keeps
+        :meth:`runs_first` on the safe side; the write counts exactly)."""
+        assert self._calls is not None
+        made = self._calls.get(digest, 0)
+        return made if digest in self._listed else made + self._unlisted
 
     def _judged(self, amounts: dict[str, int]) -> HarnessLimits | None:
         """The harness limits when a write taking ``amounts`` must be judged by them: the

@@ -21,6 +21,7 @@ from loops.policy import PatternPolicy
 from loops.services import budget_rules, budgets
 from loops.services.claims import run_claim
 from loops.services.steps import call_counts, invocation_begin, step_begin
+from loops.services.tool_repeats import call_hash
 from loops.services.transitions import Lease
 from loops.worker.engine import run_state_of
 from runtime.invocation import BudgetExhausted, LeaseLost
@@ -94,19 +95,20 @@ def test_a_verifier_start_counts_a_verification_too() -> None:
     assert (_counted(lease), _counted(lease, "verifications")) == (1, 1)
 
 
-def test_a_resumed_invocation_is_not_counted_again_and_gets_the_runs_calls() -> None:
+def test_a_resumed_invocation_is_not_counted_again_and_gets_the_runs_repeated_calls() -> None:
     lease, limits = _claimed()
     invocation_begin(lease, role="maker", invocation="maker:0", expected=limits)
-    for n in range(2):
+    for path in ("a.txt", "b.txt", "b.txt"):
         step_begin(
             lease, role="maker", invocation="maker:0", kind="tool", name="read_file",
-            request={"arguments": {"path": "a.txt"} if n else {"path": "b.txt"}},
+            request={"arguments": {"path": path}},
         )  # fmt: skip
     (start, calls), trips = _round_trips(
         lambda: invocation_begin(lease, role="maker", invocation="maker:0", expected=limits)
     )
-    assert (start.started, start.steps) == (False, 2)
-    assert calls == call_counts(lease.run_id) and sum(calls.values()) == 2
+    assert (start.started, start.steps) == (False, 3)
+    # Only the call made twice is listed (a call made once is not read at each start).
+    assert calls == call_counts(lease.run_id) == {call_hash("read_file", {"path": "b.txt"}): 2}
     assert (_starts(lease, "maker:0"), _counted(lease)) == (1, 1)
     if _postgres():
         assert trips == 1

@@ -147,6 +147,20 @@ def test_a_repeated_read_is_begun_first_once_the_tool_loop_policy_counts_it() ->
     assert journal.runs_first("read", {"arguments": {"path": "other"}})
 
 
+def test_a_resumed_journal_knows_the_repeated_calls_and_bounds_the_others() -> None:
+    lease = leased({"toolLoop": {"warnAt": 3, "blockAt": 4, "escalateAt": 5}})
+    first = journal_for(lease)
+    for path in ("once", "twice", "twice"):
+        read_step(first, path)
+    run_async(first.flush())
+    resumed = journal_for(lease)  # its start lists only the call made twice
+    assert not resumed.runs_first("read", {"arguments": {"path": "twice"}})  # the 3rd: warned
+    assert resumed.runs_first("read", {"arguments": {"path": "once"}})  # made at most once
+    assert resumed.runs_first("read", {"arguments": {"path": "never"}})
+    read_step(resumed, "once")
+    assert not resumed.runs_first("read", {"arguments": {"path": "once"}})  # the 3rd: warned
+
+
 # --- the one-round-trip write: it proves the journal's rule still holds, or writes nothing -----
 
 
