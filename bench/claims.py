@@ -145,9 +145,12 @@ def worker_main(args: argparse.Namespace) -> None:
 
         connection.ensure_connection()
     started = _wait_for_go(Path(args.ready), Path(args.go))
+    cpu = time.process_time()
     loop = _ours_loop if args.mode == "ours" else _raw_loop
     done = loop(args.owner, args.audit, args.batch)
-    print(json.dumps({"owner": args.owner, "done": done, "started": started, "end": time.time()}))
+    cpu = time.process_time() - cpu  # the loop's own CPU (Django's start excluded)
+    print(json.dumps({"owner": args.owner, "done": done, "started": started, "end": time.time(),
+                      "cpu": cpu}))  # fmt: skip
 
 
 def run_claimers(
@@ -202,7 +205,11 @@ def _release_and_collect(
         results.append(json.loads(out.strip().splitlines()[-1]))
     elapsed = max(r["end"] for r in results) - go_at
     done = sum(r["done"] for r in results)
-    return {"done": done, "seconds": elapsed, "rate": done / elapsed, "per_worker": results}
+    cpu_ms = sum(r["cpu"] for r in results) * 1000 / max(done, 1)
+    return {
+        "done": done, "seconds": elapsed, "rate": done / elapsed, "per_worker": results,
+        "client_cpu_ms_per_run": cpu_ms,
+    }  # fmt: skip
 
 
 # --- the scratch database ----------------------------------------------------------------------
@@ -320,7 +327,8 @@ def _check(mode: str, runs: int) -> None:
         raise AssertionError(f"{mode}: {problems}, {finished}/{runs} finished")
 
 
-def _measure(mode: str, env: dict[str, str], runs: int, batch: int) -> float:
+def _measure(mode: str, env: dict[str, str], runs: int, batch: int) -> tuple[float, float]:
+    """The rate of claims and completions, and the claimers' CPU (ms) per run."""
     if mode == "ours":
         _prepare_ours(env, runs)
     else:
@@ -329,7 +337,7 @@ def _measure(mode: str, env: dict[str, str], runs: int, batch: int) -> float:
     if result["done"] != runs:
         raise AssertionError(f"{mode}: {result['done']} of {runs} runs completed")
     _check(mode, runs)
-    return float(result["rate"])
+    return float(result["rate"]), float(result["client_cpu_ms_per_run"])
 
 
 def _summary(rates: list[float]) -> tuple[float, float]:
@@ -352,9 +360,12 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
         _django(env, "manage.py", "migrate", "--noinput", "-v", "0")
         _admin_bench(f"CREATE TABLE {AUDIT_TABLE} (run_id text, owner text, token bigint)")
         rates: dict[str, list[float]] = {name: [] for name in WORKLOADS}
+        cpu: dict[str, list[float]] = {name: [] for name in WORKLOADS}
         for _ in range(repeats):
             for name, (mode, batch) in WORKLOADS.items():  # interleaved: drift hits all alike
-                rates[name].append(_measure(mode, env, runs, batch))
+                rate, cpu_ms = _measure(mode, env, runs, batch)
+                rates[name].append(rate)
+                cpu[name].append(cpu_ms)
     finally:
         _admin(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
     ours, ours_spread = _summary(rates["ours"])
@@ -375,6 +386,10 @@ def run(smoke: bool = False) -> list[dict[str, Any]]:
             "raw_one_at_a_time": round(raw_one, 1),
             "raw_one_at_a_time_spread": round(raw_one_spread, 1),
             "batch": POLL_BATCH,
+            # Where the gap is: the claimers' own CPU per run (the server's is not in it).
+            "client_cpu_ms_per_run": {
+                name: round(statistics.median(values), 3) for name, values in cpu.items()
+            },
             "runs": runs,
             "repeats": repeats,
             "samples": {name: [round(r, 1) for r in values] for name, values in rates.items()},
@@ -404,6 +419,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         )
         print(f"  ratio ours/raw {row['ratio']:.3f}; target {row['target']}: "
               f"{'PASS' if row['passed'] else 'FAIL'}")  # fmt: skip
+        print(f"  claimers' CPU per run (ms): {row['client_cpu_ms_per_run']}")
         print(f"  samples: {row['samples']}")
 
 
