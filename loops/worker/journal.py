@@ -79,11 +79,11 @@ class DbJournal:
         self._writing: asyncio.Future[None] | None = None
         #: The run's rule for reads as of the latest write, and its calls so far by hash
         #: (None: not known; every read is then begun before it runs): those made more than
-        #: once before the start exactly, and those this journal wrote since; any other call
-        #: was made at most ``_unlisted`` times before the start (0 in a run without steps).
+        #: once before the start exactly, then counted on as this journal writes; any call not
+        #: in it was made at most ``_unlisted`` times before the start (0 in a run without
+        #: steps), which is where its count starts.
         self._rule: step_records.ReadRule | None = None
         self._calls: dict[str, int] | None = None
-        self._listed: frozenset[str] = frozenset()
         self._unlisted = 1
         #: Where the invocation resumes (its checkpoint and the steps after it), read early
         #: (:meth:`read_steps_early`) or with the claim (:meth:`steps_read`).
@@ -149,8 +149,7 @@ class DbJournal:
         self._fresh = fresh
         self._steps = steps
         self._rule = None if limits is None else step_records.read_rule(limits)
-        self._calls = None if calls is None else dict(calls)
-        self._listed = frozenset(calls or ())
+        self._calls = calls
         self._unlisted = 0 if steps == 0 else 1
         if not metered:
             self._unmetered_until = time.monotonic() + budget_rules.ADMISSION_RECHECK_SECONDS
@@ -168,14 +167,9 @@ class DbJournal:
             return False
         if self._judged(_TOOL_CALL) is not None:
             return False
-        return self._rule.runs_first(name, self._made_before(_digest(name, request)) + 1)
-
-    def _made_before(self, digest: str) -> int:
-        """How often the call was made in the run: exactly, or at most (an upper bound keeps
-        :meth:`runs_first` on the safe side; the write counts exactly)."""
-        assert self._calls is not None
-        made = self._calls.get(digest, 0)
-        return made if digest in self._listed else made + self._unlisted
+        # Exactly, or at most (an upper bound keeps this on the safe side; the write counts).
+        made = self._calls.get(_digest(name, request), self._unlisted)
+        return self._rule.runs_first(name, made + 1)
 
     def _judged(self, amounts: dict[str, int]) -> HarnessLimits | None:
         """The harness limits when a write taking ``amounts`` must be judged by them: the
@@ -194,7 +188,7 @@ class DbJournal:
         """A tool step of this call was persisted (the tool-loop policy counts it)."""
         if self._calls is not None:
             digest = _digest(name, request)
-            self._calls[digest] = self._calls.get(digest, 0) + 1
+            self._calls[digest] = self._calls.get(digest, self._unlisted) + 1
 
     def _saw(self, seq: int) -> None:
         if self._steps is not None:

@@ -6,13 +6,13 @@ scan can still use its partial index (``loops_run_leased``)."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 
+from loops import db
 from loops.models import LoopRun
 from loops.services import budget_sql, step_sql
 from loops.services.claims import Claimed, run_claim
@@ -48,8 +48,7 @@ def leased() -> Iterator[Claimed]:
 def _generic_plan(sql: str, params: list[Any], *settings: str) -> dict[str, Any]:
     """The generic plan PostgreSQL keeps for ``sql`` once prepared (``%s`` placeholders), in
     one transaction (one server connection behind a transaction pooler too)."""
-    count = iter(range(1, 1000))
-    numbered = re.sub(r"%s", lambda _: f"${next(count)}", sql)
+    numbered = db._numbered(sql)  # as a batch prepares it
     values = ", ".join(["%s"] * len(params))
     with transaction.atomic(), connection.cursor() as cursor:
         for setting in ("plan_cache_mode = force_generic_plan", *settings):
